@@ -275,6 +275,12 @@ void NodeAgent::HandleOutcomes() {
 Result<TickReport> NodeAgent::Tick() {
   TickReport report;
   ML_ASSIGN_OR_RETURN(std::optional<NodeWork> work, Prepare(&report));
+  if (replay_ran_at_ && report.height >= *replay_ran_at_) {
+    // The blocks from the tick that ran a stage replay to this one: what the replay took (the
+    // daemon ticks again at once after a job).
+    stage_replay_blocks_ = std::max(stage_replay_blocks_, report.height - *replay_ran_at_);
+  }
+  replay_ran_at_.reset();
   if (!work) return report;
   ML_RETURN_IF_ERROR(RunOneJob(*work, &report));
   stats_.stage_held_bytes = std::max(stats_.stage_held_bytes,
@@ -335,6 +341,7 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
 
   if (!urgent.empty()) {
     const VerifyJob& job = urgent.front();
+    if (StageReplayNeed(job) > 0) replay_ran_at_ = work.height;  // measured at the next tick
     Status s = RunVerifyJob(job);
     if (solver_->crashed()) return s;
     // Retried while its window lasts, after the urgent jobs that have not failed.
@@ -362,6 +369,7 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
     return Status::Ok();
   }
   if (!later.empty()) {
+    if (StageReplayNeed(later.front()) > 0) replay_ran_at_ = work.height;
     Status s = RunVerifyJob(later.front());
     if (!s.ok()) Log("verification: " + s.message());
     ++report->verifications_run;
@@ -447,13 +455,21 @@ bool NodeAgent::WaitsForStageUnit(const VerifyJob& job, uint64_t height) {
   const uint64_t need = StageReplayNeed(job);
   if (need == 0 || FitsBeside(stage_unit_need_, need)) return false;
   if (job.kind == VerifyJob::Kind::kTrace || job.kind == VerifyJob::Kind::kWitness) {
-    // A stage unit runs for seconds, a dispute's turn for tens of them: half of what was left
-    // leaves the trace (seconds for a 10M GPT stage) the other half. A tile's witness likewise
-    // (its window is the referee's deadline). Measured on the 10M GPT's
-    // devnet before it waited: a trace beside a stage unit took an honest challenger from 125 to
-    // 177 MB, over its 100 MiB offer.
+    // A stage unit runs for seconds, a dispute's turn for tens of them: the trace waits while
+    // its turn leaves it the time its replays take (TraceWaitEnd). A tile's witness likewise (its
+    // window is the referee's deadline). Measured on the 10M GPT's devnet before it waited: a
+    // trace beside a stage unit took an honest challenger from 125 to 177 MB, over its 100 MiB
+    // offer. Past the wait, the node stops its unit (it runs again after the move: a delay, where
+    // a missed turn costs the stake) and the move's replay runs once the unit ended; when its
+    // deadline is at hand, beside the unit rather than lose the turn.
     const uint64_t from = trace_wait_from_.emplace(VerifyJobKey(job), height).first->second;
-    if (job.deadline <= from || height >= from + (job.deadline - from) / 2) return false;
+    if (job.deadline <= height + kMoveSendBlocks) return false;
+    if (height >= TraceWaitEnd(from, job.deadline, stage_replay_blocks_)) {
+      stager_->StopForReplay(CheckName(*job.check) + "'s dispute move can wait no longer for it (" +
+                             std::to_string(job.deadline - height) +
+                             " blocks of its turn left; a stage replay of this node took up to " +
+                             std::to_string(stage_replay_blocks_) + ")");
+    }
   }
   if (replay_wait_logged_.insert(VerifyJobKey(job)).second) {
     Log(CheckName(*job.check) + ": its replay (" + std::to_string(need) +

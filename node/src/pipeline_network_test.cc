@@ -630,6 +630,149 @@ TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqua
   LoseAStageNodeMidStep({.kill = true}, 18, "pipeline-network-kill");
 }
 
+// A stage run that ends whole after its unit was placed again is not committed (Stager::Collect):
+// its step records are signed by the chain it ran on, while the ledger, which takes a CommitStage
+// from whichever node holds the stage now, and every verifier judge the unit's check against the
+// new placement's chain (ReplicaRunChain). On the 10M GPT's devnet a node kept on its stage by a
+// re-placement committed its old chain's run so: its verifier found the records "sent by node X,
+// but stage 1 of the replica is node Y", neither party could trace the step, both missed their
+// turns, and the task stalled with two nodes jailed. Seven agents, the seventh the slowest (free):
+// replica 0's stages 0 and 1 sit out their ticks from the start of their round 0 runs, whose
+// threads go on and end whole (stage 2's node commits its run). Then stage 1's node leaves: the
+// ledger keeps stage 0 on its node with a fresh assignment (another beacon) and places stage 1 on
+// the seventh. Only then does stage 0's node tick again, its old run ended: it commits a run on the
+// new chain alone, and the task ends with `meshlearn diloco`'s weights, bit for bit.
+TEST(PipelineNetworkTest, AStageRunThatEndsAfterItsUnitWasPlacedAgainIsNotCommitted) {
+  PipelineOracle o;
+  ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
+  testing::SimOptions opt = PipelineSimOptions(23, "pipeline-network-placed-again");
+  opt.log = std::getenv("MESHLEARN_SIM_LOG") != nullptr;
+  opt.nodes = 7;
+  opt.node_options.resize(7);
+  opt.node_options[6].speed_factor = 0.25;
+  opt.tweak_genesis = [base = opt.tweak_genesis](ledger::Genesis& g) {
+    base(g);
+    // The nodes that sit out their ticks stay live: the one that leaves is gone by its LeaveNode.
+    g.params.liveness_blocks = 1'000'000;
+  };
+  std::mutex mu;
+  std::map<uint32_t, int> node_of;      // replica 0's stages in round 0: the node of the first run
+  bool sit_out = true;                  // replica 0's stages 0 and 1 sit out their ticks
+  std::vector<std::string> kept_lines;  // stage 0's node's log, from its first run
+  opt.log_sink = [&](int node, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (uint32_t st = 0; st < 3; ++st) {
+      if (line.find(" r0 replica 0 stage " + std::to_string(st) + ": training") !=
+              std::string::npos &&
+          node_of.count(st) == 0) {
+        node_of[st] = node;
+      }
+    }
+    if (node_of.count(0) != 0 && node == node_of[0]) kept_lines.push_back(line);
+  };
+  opt.skip_tick = [&](int node) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!sit_out) return false;
+    for (uint32_t st : {0u, 1u}) {
+      if (node_of.count(st) != 0 && node_of[st] == node) return true;
+    }
+    return false;
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  auto step_until = [&](int max_blocks, const std::function<bool()>& done) {
+    for (int b = 0; b < max_blocks && !done(); ++b) {
+      Status stepped = sim.Step();
+      if (!stepped.ok()) {
+        ADD_FAILURE() << stepped.ToString();
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return done();
+  };
+  auto placed = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return node_of.size() == 3;
+  };
+  ASSERT_TRUE(step_until(20'000, placed)) << "replica 0's round 0 stages never all started";
+  int kept, lost;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    kept = node_of[0];
+    lost = node_of[1];
+  }
+  ASSERT_NE(kept, 6);
+  ASSERT_NE(lost, 6);
+  // Stage 0's run has ended whole once it serves its last step (it ends right after; its node's
+  // next tick, whenever it comes, finds it ended).
+  net::HttpTransport fetcher;
+  const std::string kept_endpoint = NodeRecordOf(sim, kept).value("endpoint", std::string());
+  auto last_step_served = [&] {
+    return FetchStageStepCommit(&fetcher, kept_endpoint,
+                                {.task = sim.task_id(),
+                                 .round = 0,
+                                 .replica = 0,
+                                 .stage = 0,
+                                 .step = o.net.inner_steps - 1},
+                                2'000)
+        .ok();
+  };
+  ASSERT_TRUE(step_until(20'000, last_step_served)) << "stage 0 never trained its last step";
+  Result<Hash256> left = sim.agent(lost)->tx_sender().Send(
+      ledger::LeaveNodeTx{.node_id = sim.node_key(lost).public_key()});
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  // The ledger places replica 0 again: stage 0 kept on its node, with a fresh assignment whose
+  // chain names the seventh node for stage 1.
+  const std::string seventh = sim.node_key(6).public_key().ToHex();
+  std::string old_beacon, new_beacon;
+  auto kept_unit = [&](std::string* beacon) {
+    const json work = sim.Call("node_work", {{"id", sim.node_key(kept).public_key().ToHex()}});
+    for (const json& u : work.value("units", json::array())) {
+      if (u.value("round", 99u) != 0 || !u.contains("stage") || u["stage"]["replica"] != 0) {
+        continue;
+      }
+      *beacon = u.value("assignment_beacon", std::string());
+      return u["stage"]["chain"][1].value("node", std::string()) == seventh;
+    }
+    return false;
+  };
+  kept_unit(&old_beacon);
+  ASSERT_TRUE(step_until(2'000, [&] { return kept_unit(&new_beacon); }))
+      << "the ledger did not place replica 0's stage 1 on the seventh node, stage 0 kept: "
+      << sim.Call("node_work", {{"id", sim.node_key(kept).public_key().ToHex()}}).dump();
+  EXPECT_NE(new_beacon, old_beacon);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sit_out = false;
+  }
+  ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
+  Result<GlobalState> final_state = sim.FinalState();
+  ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
+  EXPECT_EQ(HashFloats(final_state->weights), o.want.final_hash);
+  // Stage 0's node committed round 0 once, after a run on the new chain (one that names the
+  // seventh node), and said why its old run was not committed.
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string seventh_short = sim.node_key(6).public_key().ShortHex();
+  bool on_new_chain = false, dropped = false;
+  int commits = 0;
+  for (const std::string& line : kept_lines) {
+    if (line.find(" r0 replica 0 stage 0") == std::string::npos) continue;
+    if (line.find(": training") != std::string::npos) {
+      on_new_chain = line.find(seventh_short) != std::string::npos;
+    }
+    dropped |= line.find("ended after the unit was placed again") != std::string::npos;
+    if (line.find("(CommitStage)") != std::string::npos) {
+      ++commits;
+      EXPECT_TRUE(on_new_chain) << "committed a run of the old chain: "
+                                << ::testing::PrintToString(kept_lines);
+    }
+  }
+  EXPECT_EQ(commits, 1) << ::testing::PrintToString(kept_lines);
+  EXPECT_TRUE(dropped) << ::testing::PrintToString(kept_lines);
+}
+
 TEST(PipelineNetworkTest, AStageNodeThatLeavesMidStepIsReplacedAndTheTaskEndsBitEqual) {
   LoseAStageNodeMidStep({.kill = false}, 19, "pipeline-network-leave");
 }
@@ -788,22 +931,35 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitAStageCheckWaitsForTheNodesOwnStageUn
 }
 
 // A dispute's trace of a stage step is a stage replay too (NodeAgent::WaitsForStageUnit): under a
-// memory limit it waits while the node's own stage unit trains, but only through the first half of
-// the blocks its turn had left; then it runs beside the unit rather than lose the turn. Seven
-// agents with a limit, the seventh the slowest and no verifier, so that a stage unit's check falls
-// to a node of the other replica; node 0 is lazy, and neither aggregates nor verifies. Its round 0
-// check is a mismatch, disputed over the stage's plan, where both parties trace the step. Its
-// verifier (the challenger) replays it before its round 1 stage unit starts (no stage unit starts
-// while a replay is due); the lazy node then sits its ticks out, so its secret stays unrevealed and
-// the dispute unopened, until the challenger's round 1 unit trains, held in its first send (or
-// waiting on a held neighbour) for as long as the test likes. Then the dispute opens: the
-// challenger's trace waits for its unit, then, half its turn gone, runs beside it while the unit is
-// still held; the challenger answers in time, the lazy node is slashed and no honest node is. Every
-// step is counted in blocks the test makes, not in time.
-TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThroughHalfItsTurn) {
+// memory limit it waits while the node's own stage unit trains, but only while its turn leaves it
+// the time its replays take (TraceWaitEnd: at most the first half of the blocks its turn had left,
+// less when this node's stage replays took more than a quarter of them); then the node stops its
+// unit (Stager::StopForReplay) and the trace runs once the unit ended, within what the node offers,
+// rather than lose the turn. Seven agents with a limit, the seventh the slowest and no verifier, so
+// that a stage unit's check falls to a node of the other replica; node 0 is lazy, and neither
+// aggregates nor verifies. Its round 0 check is a mismatch, disputed over the stage's plan, where
+// both parties trace the step. Its verifier (the challenger) replays it before its round 1 stage
+// unit starts (no stage unit starts while a replay is due), then sits out `busy_blocks` of its
+// ticks (what a replay that took that many blocks looks like to the node: its next tick comes that
+// much later); the lazy node sits its ticks out, so its secret stays unrevealed and the dispute
+// unopened, until the challenger's round 1 unit trains, held in its first send for as long as the
+// test likes (the hold lets go once the node stops the unit). Then the dispute opens: the
+// challenger's trace waits for its unit, the node stops the unit, and the trace runs after it
+// ended; `expect` gets what the challenger's log showed, in blocks; the challenger answers in
+// time, the lazy node is slashed and no honest node is. Every step is counted in blocks the test
+// makes, not in time.
+constexpr uint64_t kTraceTurn = 60;  // dispute_response_blocks: each dispute turn
+struct TraceWaitSeen {
+  int64_t trace_waited = -1;  // block of its trace's first wait for the unit
+  int64_t stopped = -1;       // block the node stopped its unit for the trace
+  int64_t traced = -1;        // block its trace ran
+  bool traced_while_training = false;
+  std::string lines;  // the challenger's log, each line with its block
+};
+void PlayATraceBesideAHeldStageUnit(const std::string& dir, uint64_t busy_blocks,
+                                    const std::function<void(const TraceWaitSeen&)>& expect) {
   constexpr int kCheater = 0;
-  constexpr uint64_t kTurn = 60;  // dispute_response_blocks: each dispute turn
-  testing::SimOptions opt = VerifyingPipelineSimOptions(22, "pipeline-network-trace-wait");
+  testing::SimOptions opt = VerifyingPipelineSimOptions(22, dir);
   opt.node_options[6].speed_factor = 0.25;
   opt.node_options[6].roles = ledger::kRoleSolver | ledger::kRoleAggregator;
   // Neither an aggregator nor a verifier: the rounds go on while it sits out its ticks.
@@ -811,7 +967,7 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThr
   for (testing::SimNodeOptions& n : opt.node_options) n.memory_limit_bytes = 1ull << 30;
   opt.tweak_genesis = [verifying = opt.tweak_genesis](ledger::Genesis& g) {
     verifying(g);
-    g.params.dispute_response_blocks = kTurn;
+    g.params.dispute_response_blocks = kTraceTurn;
     // The lazy node sits out its ticks (and heartbeats) for as many blocks as round 1's placement
     // takes: it stays live, so that nothing is placed again meanwhile.
     g.params.liveness_blocks = 1'000'000;
@@ -820,28 +976,29 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThr
   std::condition_variable cv;
   int challenger = -1;  // the verifier of the lazy node's round 0 unit
   bool released = false;
-  bool paused = false;  // the lazy node sits out its ticks
-  opt.skip_tick = [&](int node) {
-    std::lock_guard<std::mutex> lock(mu);
-    return paused && node == kCheater;
-  };
+  bool paused = false;      // the lazy node sits out its ticks
+  uint64_t busy_until = 0;  // the challenger sits out its ticks before this block
+  TraceWaitSeen seen;
   opt.agent_options = [&](int node, AgentOptions& a) {
     if (node == kCheater) a.adversary = Adversary::kLazy;
     // The send hook sees every tensor a stage sends: the challenger's from round 1 on wait there
-    // until the test releases them (nothing is corrupted).
+    // until the test releases them or the node stopped its unit (nothing is corrupted).
     a.stage_plane.corrupt_sent = [&, node](const protocol::StageTensorKey& k) {
       std::unique_lock<std::mutex> lock(mu);
-      if (node == challenger && k.round >= 1) cv.wait(lock, [&] { return released; });
+      if (node == challenger && k.round >= 1) {
+        cv.wait(lock, [&] { return released || seen.stopped >= 0; });
+      }
       return false;
     };
   };
   // The challenger's log, read in order, with the test's block count at each line.
   uint64_t block = 0;
-  std::string check;          // "check T/I r0 sS": the lazy node's round 0 check
-  bool training = false;      // the challenger's round 1 stage unit started, not ended
-  int64_t trace_waited = -1;  // block of its trace's wait for the unit
-  int64_t traced = -1;        // block its trace ran
-  bool traced_while_training = false;
+  opt.skip_tick = [&](int node) {
+    std::lock_guard<std::mutex> lock(mu);
+    return (paused && node == kCheater) || (node == challenger && block < busy_until);
+  };
+  std::string check;      // "check T/I r0 sS": the lazy node's round 0 check
+  bool training = false;  // the challenger's round 1 stage unit started, not ended
   std::vector<std::string> challenger_lines;
   opt.log_sink = [&](int node, const std::string& line) {
     std::lock_guard<std::mutex> lock(mu);
@@ -852,29 +1009,35 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThr
       challenger = node;
       check = line.substr(0, line.find(':'));
       paused = true;
+      busy_until = block + 1 + busy_blocks;
       return;
     }
     if (node != challenger) return;
     challenger_lines.push_back(std::to_string(block) + ": " + line);
-    if (line.find(" r1 replica ") != std::string::npos &&
-        line.find(" steps with its neighbours") != std::string::npos) {
+    const bool round1_unit = line.find(" r1 replica ") != std::string::npos;
+    if (round1_unit && line.find(" steps with its neighbours") != std::string::npos) {
       training = true;
     }
-    if (line.find(" r1 replica ") != std::string::npos &&
-        (line.find("(CommitStage)") != std::string::npos ||
-         line.find(" failed (nothing committed)") != std::string::npos)) {
+    if (round1_unit && (line.find("(CommitStage)") != std::string::npos ||
+                        line.find(" failed (nothing committed)") != std::string::npos)) {
       training = false;
+    }
+    if (round1_unit && line.find(": stopping it: " + check) != std::string::npos &&
+        seen.stopped < 0) {
+      seen.stopped = static_cast<int64_t>(block);
+      cv.notify_all();
     }
     if (line.rfind(check + ": ", 0) != 0) return;
     // After the verdict, the check's only replay that waits for a stage unit is the trace
     // (StageReplayNeed: a dispute's range replay and a witness do not).
-    if (line.find("waits for this node's stage unit") != std::string::npos && trace_waited < 0) {
-      trace_waited = static_cast<int64_t>(block);
+    if (line.find("waits for this node's stage unit") != std::string::npos &&
+        seen.trace_waited < 0) {
+      seen.trace_waited = static_cast<int64_t>(block);
     }
     if (line.find(": traced it from the stage's served evidence") != std::string::npos &&
-        traced < 0) {
-      traced = static_cast<int64_t>(block);
-      traced_while_training = training;
+        seen.traced < 0) {
+      seen.traced = static_cast<int64_t>(block);
+      seen.traced_while_training = training;
     }
   };
   testing::SimHarness sim(opt);
@@ -924,26 +1087,27 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThr
       << "the challenger's round 1 stage unit never started: " << dump();
   {
     std::lock_guard<std::mutex> lock(mu);
-    ASSERT_LT(trace_waited, 0) << "the dispute opened before the lazy node revealed its secret";
+    ASSERT_LT(seen.trace_waited, 0)
+        << "the dispute opened before the lazy node revealed its secret";
     paused = false;
   }
   // The dispute opens: the challenger's trace waits for its unit, which the hold keeps training,
-  // then runs beside it once half the turn is gone, before the turn's deadline.
-  ASSERT_TRUE(step_until(static_cast<int>(4 * kTurn), [&] { return traced >= 0; }))
-      << "the challenger never traced the disputed step while its unit was held: " << dump();
+  // until the node stops it; then the trace runs, before the turn's deadline.
+  ASSERT_TRUE(step_until(static_cast<int>(4 * kTraceTurn), [&] { return seen.traced >= 0; }))
+      << "the challenger never traced the disputed step: " << dump();
   {
     std::lock_guard<std::mutex> lock(mu);
-    ASSERT_GE(trace_waited, 0) << "the trace never waited for the stage unit: " << lines();
+    ASSERT_GE(seen.trace_waited, 0) << "the trace never waited for the stage unit: " << lines();
+    seen.lines = lines();
     std::printf(
-        "the challenger's trace waited for its stage unit at block %lld and ran beside it "
-        "at block %lld (a turn of %llu blocks)\n",
-        static_cast<long long>(trace_waited), static_cast<long long>(traced),
-        static_cast<unsigned long long>(kTurn));
-    EXPECT_TRUE(traced_while_training) << lines();
-    // Half of what was left of the turn when it first waited, give or take the blocks the
-    // dispute took to reach this node's tick.
-    EXPECT_GE(traced - trace_waited, static_cast<int64_t>(kTurn / 2) - 5) << lines();
-    EXPECT_LT(traced - trace_waited, static_cast<int64_t>(kTurn)) << lines();
+        "the challenger's trace waited for its stage unit at block %lld, the node stopped the "
+        "unit at block %lld, the trace ran at block %lld (%s the unit; a turn of %llu blocks)\n",
+        static_cast<long long>(seen.trace_waited), static_cast<long long>(seen.stopped),
+        static_cast<long long>(seen.traced), seen.traced_while_training ? "beside" : "after",
+        static_cast<unsigned long long>(kTraceTurn));
+    expect(seen);
+    // In time, whatever it waited: a move at the turn's last block would be late.
+    EXPECT_LT(seen.traced - seen.trace_waited, static_cast<int64_t>(kTraceTurn)) << lines();
   }
   release();
   // The dispute goes on to its ruling: the lazy node is slashed, the challenger (which answered
@@ -971,6 +1135,36 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThr
   for (int i = 0; i < 7; ++i) {
     EXPECT_EQ(sim.agent(i)->stats().stage_held_bytes, 0u) << "node " << i << ": " << dump();
   }
+}
+
+// The challenger's replays took a block each (a tick each): its trace waits through half of what
+// its turn had left, then the node stops its unit and the trace runs after the unit ended, not
+// beside it (within the node's offer), before the turn's deadline.
+TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsForTheStageUnitThroughHalfItsTurn) {
+  PlayATraceBesideAHeldStageUnit("pipeline-network-trace-wait", 0, [](const TraceWaitSeen& s) {
+    ASSERT_GE(s.stopped, 0) << "the node never stopped its unit for the trace: " << s.lines;
+    // Half of what was left of the turn when it first waited, give or take the blocks the dispute
+    // took to reach this node's tick.
+    EXPECT_GE(s.stopped - s.trace_waited, static_cast<int64_t>(kTraceTurn / 2) - 5) << s.lines;
+    EXPECT_FALSE(s.traced_while_training) << s.lines;
+    EXPECT_GT(s.traced, s.stopped) << s.lines;
+  });
+}
+
+// The challenger's verdict replay took 40 blocks (its next tick came that much later, as on a
+// loaded machine: on the 10M GPT's devnet at load 30 a trace took 105 blocks of a 120-block turn,
+// and a defender that waited half its turn first was ruled silent). Twice that is more than its
+// turn leaves: its trace does not wait for the unit, the node stops the unit at once, and the trace
+// runs after it ended, well before the half-turn a node that did not measure its replays waits.
+TEST(PipelineNetworkTest, UnderAMemoryLimitADisputesTraceWaitsNoLongerThanItsTurnLeavesItsReplay) {
+  PlayATraceBesideAHeldStageUnit(
+      "pipeline-network-trace-wait-busy", 40, [](const TraceWaitSeen& s) {
+        ASSERT_GE(s.stopped, 0) << "the node never stopped its unit for the trace: " << s.lines;
+        EXPECT_LE(s.stopped - s.trace_waited, 2) << s.lines;
+        EXPECT_FALSE(s.traced_while_training) << s.lines;
+        EXPECT_GT(s.traced, s.stopped) << s.lines;
+        EXPECT_LT(s.traced - s.trace_waited, static_cast<int64_t>(kTraceTurn / 2) - 5) << s.lines;
+      });
 }
 
 // A stage node that cheats on a verifying chain -- the adversary `lazy` (every step's commit claims

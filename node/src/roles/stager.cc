@@ -202,6 +202,14 @@ bool Stager::ResumesOn(const Held& held, const UnitAssignment& a) {
   return replaced == 1;
 }
 
+void Stager::StopForReplay(const std::string& why) {
+  if (!run_ || run_->cancelled) return;
+  node_->Log(Name(run_->a) + ": stopping it: " + why);
+  run_->plane->Cancel();
+  run_->cancelled = true;
+  run_->stopped_for_replay = true;
+}
+
 Status Stager::Collect(const NodeWork& work) {
   // A held run whose unit is no longer this node's: nothing resumes from it.
   if (held_ && std::none_of(work.units.begin(), work.units.end(), [&](const UnitAssignment& u) {
@@ -209,22 +217,33 @@ Status Stager::Collect(const NodeWork& work) {
       })) {
     held_.reset();
   }
-  if (run_ && !run_->done.load(std::memory_order_acquire) && !run_->cancelled) {
-    // A unit no longer assigned to this node (its round re-ran after a stage was caught
-    // cheating, or it expired) is stopped now rather than at its next step deadline: the node
-    // has other stage units to run.
-    const Key running = KeyOf(run_->a);
-    const bool assigned = std::any_of(work.units.begin(), work.units.end(),
-                                      [&](const UnitAssignment& u) { return KeyOf(u) == running; });
-    if (!assigned) {
-      node_->Log(Name(run_->a) + ": no longer assigned to this node; stopping it");
-      run_->plane->Cancel();
-      run_->cancelled = true;
-    }
+  // Whether the run's assignment (its beacon: the placement its chain is of) is still this
+  // node's: a unit placed again (its replica's deadline passed, or its round re-ran after a stage
+  // was caught cheating) is another assignment, on another chain, even where this node keeps the
+  // same stage.
+  const bool assigned =
+      run_ && std::any_of(work.units.begin(), work.units.end(),
+                          [&](const UnitAssignment& u) { return KeyOf(u) == KeyOf(run_->a); });
+  if (run_ && !run_->done.load(std::memory_order_acquire) && !run_->cancelled && !assigned) {
+    // Stopped now rather than at its next step deadline: the node has other stage units to run.
+    node_->Log(Name(run_->a) + ": no longer assigned to this node; stopping it");
+    run_->plane->Cancel();
+    run_->cancelled = true;
   }
   if (!run_ || !run_->done.load(std::memory_order_acquire)) return Status::Ok();
   run_->thread.join();
   std::unique_ptr<Run> run = std::move(run_);
+  if (run->out.ok() && !assigned) {
+    // A run that ended whole after its unit was placed again is not committed: its step records
+    // are signed by the chain it ran on, and the ledger would take the commit for the new
+    // assignment (CommitStage names the stage, not the placement), whose check every verifier and
+    // the ledger's referee judge against the new chain (ReplicaRunChain): an honest stage's
+    // records would look forged, and its dispute would have no move (docs/node.md, "Stager").
+    // Where the node keeps the stage, its new assignment runs on the new chain.
+    run->out = FailedPrecondition(
+        "it ended after the unit was placed again (another assignment, on another chain): not "
+        "committed");
+  }
   run->attached.reset();                              // pushes for a later unit are not this one's
   const StagePlaneStats plane = run->plane->stats();  // what the run did, committed or not
   AgentStats& st = node_->stats();
@@ -250,7 +269,7 @@ Status Stager::Collect(const NodeWork& work) {
   // delta. A failed run that trained steps keeps its stage and steps while the unit is assigned
   // here: a fresh assignment that replaced a lost neighbour resumes from them (ResumesOn).
   run->plane.reset();
-  if (!run->out.ok() && !run->progress.commits.empty() &&
+  if (!run->out.ok() && !run->stopped_for_replay && !run->progress.commits.empty() &&
       run->progress.commits.size() < run->batches.size()) {
     held_ = Held{.a = run->a, .stage = std::move(run->stage), .progress = std::move(run->progress)};
   }

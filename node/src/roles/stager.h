@@ -67,6 +67,13 @@ class Stager {
   // The stage units of `work` to start: not running, not committing, not committed.
   std::vector<const UnitAssignment*> Pending(const NodeWork& work) const;
   bool running() const { return run_ != nullptr; }
+  // Stops the running unit (StagePlane::Cancel: the step it is in fails and changes no weight),
+  // logging `why`, for a dispute move that can no longer wait for it to end
+  // (NodeAgent::WaitsForStageUnit): its stage is not kept for a resume, so that once the run
+  // ended the move's replay holds no more than the node offers; the unit runs again, from step 0,
+  // while it stays assigned (its neighbours' steps fail and run again with it). Nothing when no
+  // unit runs or it is stopped already.
+  void StopForReplay(const std::string& why);
 
   // Starts `a` on its own thread and returns (Ok with nothing started while a stage of its chain
   // waits for a node). REQUIRES: a.stage, !running().
@@ -101,7 +108,8 @@ class Stager {
     Result<StageUnitOutcome> out = Unavailable("not run");
     uint64_t run_us = 0;  // RunStageUnit's wall time
     std::atomic<bool> done{false};
-    bool cancelled = false;  // Cancel sent to its plane (tick thread only)
+    bool cancelled = false;           // Cancel sent to its plane (tick thread only)
+    bool stopped_for_replay = false;  // StopForReplay: its stage is not held for a resume
     std::thread thread;
   };
   using Key = std::tuple<Hash256, uint32_t, Hash256>;

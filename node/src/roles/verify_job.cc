@@ -41,4 +41,11 @@ void OrderUrgentJobs(uint64_t height, std::vector<VerifyJob>* urgent,
                    [&](const VerifyJob& a, const VerifyJob& b) { return rank(a) < rank(b); });
 }
 
+uint64_t TraceWaitEnd(uint64_t first_waited, uint64_t deadline, uint64_t replay_blocks) {
+  if (deadline <= first_waited) return first_waited;
+  const uint64_t left = deadline - first_waited;
+  const uint64_t reserve = std::max(left - left / 2, 2 * replay_blocks + kMoveSendBlocks);
+  return reserve >= left ? first_waited : deadline - reserve;
+}
+
 }  // namespace meshlearn::node

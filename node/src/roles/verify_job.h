@@ -48,4 +48,18 @@ bool IsDisputeMove(VerifyJob::Kind kind);
 void OrderUrgentJobs(uint64_t height, std::vector<VerifyJob>* urgent,
                      std::map<std::string, uint64_t>* failed_at);
 
+// The blocks a dispute move leaves itself after its stage replay, to be sent and land.
+inline constexpr uint64_t kMoveSendBlocks = 4;
+
+// The height from which a dispute's trace of a stage step (or a tile's witness, which traces it
+// again) stops waiting for this node's own stage unit to end (NodeAgent::WaitsForStageUnit):
+// `first_waited` the height it first waited at, `deadline` its turn's, `replay_blocks` the most
+// blocks a stage replay of this node has taken (0: none measured yet). It waits through at most
+// the first half of what was left of its turn, and no longer than leaves twice the blocks its
+// replays took, plus kMoveSendBlocks: a trace under load takes as long as the replays before it
+// did, and a wait that leaves it less loses the turn (on the 10M GPT's devnet at load 30, a
+// defender waited 40 of the 116 blocks its turn had left, traced for 105 and was ruled silent).
+// first_waited when it does not wait.
+uint64_t TraceWaitEnd(uint64_t first_waited, uint64_t deadline, uint64_t replay_blocks);
+
 }  // namespace meshlearn::node

@@ -120,6 +120,21 @@ TEST(OrderUrgentJobsTest, AJobPastItsDeadlineGoesLastAndForgottenFailuresAreDrop
             VerifyJobKey({VerifyJob::Kind::kTrace, &a, 30}));
 }
 
+// A dispute's trace waits for the node's own stage unit through at most half of what its turn had
+// left when it first waited, and no longer than leaves twice the blocks the node's stage replays
+// took, plus the blocks a move needs to land.
+TEST(TraceWaitEndTest, LeavesTheTraceTwiceWhatTheNodesReplaysTook) {
+  // A turn of 120 blocks left at height 100: half of it with nothing measured or short replays.
+  EXPECT_EQ(TraceWaitEnd(100, 220, 0), 160u);
+  EXPECT_EQ(TraceWaitEnd(100, 220, 20), 160u);  // 44 blocks kept: less than the half
+  // Replays of 40 blocks: 84 kept, so it waits 36 blocks, not 60.
+  EXPECT_EQ(TraceWaitEnd(100, 220, 40), 220u - 2 * 40 - kMoveSendBlocks);
+  // A trace of 105 blocks (the 10M GPT's devnet at load 30) does not wait at all.
+  EXPECT_EQ(TraceWaitEnd(100, 220, 105), 100u);
+  EXPECT_EQ(TraceWaitEnd(100, 100, 0), 100u);  // no turn left
+  EXPECT_EQ(TraceWaitEnd(100, 90, 0), 100u);
+}
+
 // A referee witness is sent once per dispute, not once per check: a whistleblower's dispute of a
 // settled unit at the step an earlier dispute already served is another action, so the stage's
 // node posts that step's evidence again instead of finding it sent and losing the claim.

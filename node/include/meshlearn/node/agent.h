@@ -364,9 +364,10 @@ class NodeAgent {
   // A stage replay that does not fit in the node's memory beside the stage unit training on the
   // Stager's thread waits for the unit to end (logged once per check): so a node that trains a
   // stage and verifies another never holds more than it offers (docs/node.md, "Stage units"). A
-  // dispute's trace answers a turn with a deadline: it waits through the first half of the blocks
-  // its turn had left when this node first saw it wait (`height` now), then runs beside the unit,
-  // over the offer, rather than lose the turn.
+  // dispute's trace (or a tile's witness) answers a turn with a deadline: it waits while its turn
+  // leaves it the blocks this node's stage replays take (TraceWaitEnd, from the height it first
+  // waited; `height` now), then stops the unit (Stager::StopForReplay) and runs once the unit
+  // ended, or beside it when the deadline is kMoveSendBlocks away, rather than lose the turn.
   bool WaitsForStageUnit(const VerifyJob& job, uint64_t height);
   // Whether a stage replay holding `replay_need` bytes may run beside a stage unit holding
   // `unit_need`: never on a node with memory_limit_bytes, else when both fit in its memory.
@@ -432,6 +433,10 @@ class NodeAgent {
   std::set<std::string> replay_wait_logged_;  // VerifyJobKey of the checks logged as waiting
   // VerifyJobKey of a dispute trace that waits for the stage unit -> the height it first waited.
   std::map<std::string, uint64_t> trace_wait_from_;
+  // The height of the tick that ran a stage replay (StageReplayNeed > 0), until the next tick
+  // measures it, and the most blocks one took (from its tick to the next): TraceWaitEnd's bound.
+  std::optional<uint64_t> replay_ran_at_;
+  uint64_t stage_replay_blocks_ = 0;
 };
 
 }  // namespace meshlearn::node
