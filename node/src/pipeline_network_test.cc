@@ -1390,7 +1390,7 @@ TEST(PipelineNetworkTest, ALazyStageDrawnForAForcedErrorIsCaughtOnItsRerun) {
     // No attempt of it reached the model. Not asserted: that none was paid. A lazy attempt
     // committed beside another stage of its replica drawn for a forced error is paid its whole
     // cost when that replica re-runs (PayHonestStageWork pays the replica's other committed
-    // stages, whose own checks go unsettled with the reset): seed 45 paid this cheater 1 token so
+    // stages, whose own checks go unsettled with the reset): seeds 45 and 42 paid this cheater 1 token so
     // (docs/verification.md, "A cheating stage drawn for a forced error").
     const json cheater = NodeRecordOf(sim, kCheater);
     std::printf("the cheater's earnings: %s\n", cheater["earnings"].dump().c_str());
