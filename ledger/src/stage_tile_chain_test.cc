@@ -989,8 +989,8 @@ TEST_F(StageServeBondTest, AStageRuledAgainstGivesTheClaimantItsBondBack) {
 }
 
 TEST_F(StageServeBondTest, AClaimantThatCannotPayTheBondIsRefused) {
-  // The verifier node's own key holds 1 token (alice funds and owns every node): an account, too
-  // poor for the bond.
+  // The verifier node's own key holds 1 token (its owner, carol, funds it: the checkers'
+  // operator, PipelineVerificationTest::Q): an account, too poor for the bond.
   StepOk({Q(referee_, TransferTx{.to = verifier_.public_key(), .amount = 1})});
   std::vector<std::vector<Hash256>> leaves = TrainHonestly([&](TaskParams& p) {
     p.stage_memory_bytes = {kGiB, kGiB, kGiB};
@@ -1009,10 +1009,11 @@ TEST_F(StageServeBondTest, AClaimantThatCannotPayTheBondIsRefused) {
   EXPECT_TRUE(Unit(cheat_).serve_bonds.empty());
   EXPECT_EQ(Balance(verifier_), 1u);
   EXPECT_EQ(Check(cheat_).stage(), CheckStage::kCheckRevealVerdicts) << "the reveal took nothing";
-  // The nodes' owner can pay: the same claim, sent by it, is taken.
+  // The verifier's owner can pay: the same claim, sent by it (Q signs a checker's transaction
+  // as carol), is taken.
   StepOk({RevealBy(alice_, verdicts[cheat_])});
   ASSERT_EQ(Unit(cheat_).serve_bonds.size(), 1u);
-  EXPECT_EQ(Unit(cheat_).serve_bonds[0].payer, alice_.public_key());
+  EXPECT_EQ(Unit(cheat_).serve_bonds[0].payer, carol_.public_key());
 }
 
 // A unit's serve bonds are its record's third optional tail: written only while held (a unit

@@ -403,8 +403,10 @@ std::string_view CheckRoleName(CheckRole r) {
 
 Result<ledger::TaskParams> ParseTaskParams(const RpcAnswer& a) {
   std::vector<std::string_view> names;
+  ledger::TaskParams every;  // a pipeline task's: every field a task's params may carry
+  every.stages = 2;
+  ledger::TaskParams::Visit(every, [&](const char* key, auto&) { names.push_back(key); });
   ledger::TaskParams p;
-  ledger::TaskParams::Visit(p, [&](const char* key, auto&) { names.push_back(key); });
   Status unknown = a.IsObject();
   for (auto it = a.raw().begin(); unknown.ok() && it != a.raw().end(); ++it) {
     if (std::find(names.begin(), names.end(), it.key()) == names.end()) {

@@ -267,7 +267,9 @@ struct TaskParams {
     v("stage_flops", s.stage_flops);
     v("stage_boundary_bytes", s.stage_boundary_bytes);
     v("data_page_tokens", s.data_page_tokens);
-    v("eval_memory_bytes", s.eval_memory_bytes);
+    // A pipeline task's only (stages, visited above, decides it): a task without stages encodes
+    // as before the field: its bytes, its id and every state hash holding it are unchanged.
+    if (s.stages > 1) v("eval_memory_bytes", s.eval_memory_bytes);
   }
   bool operator==(const TaskParams&) const = default;
 };
