@@ -344,8 +344,13 @@ TEST(Cli, PipelineTasksRunInDilocoAndSubmitChecksTheirCut) {
   // What a step moves across each of the 2 boundaries, the placement's link cost
   // (engine::CutBoundaryBytes): (B, T, C) = (4, 16, 16) floats forward and as many back.
   EXPECT_EQ(prepared["params"]["stage_boundary_bytes"], json::array({8192, 8192}));
-  // protocol::AggregatorMemoryBytes: 2 replicas' deltas, the state and 3 for the largest transient.
-  EXPECT_EQ(prepared["aggregator_memory_bytes"], unit + (2 + 5) * model);
+  // protocol::AggregatorMemoryBytes: the evaluator it evaluates with (params.eval_memory_bytes:
+  // the weights and one evaluation forward, not a whole unit's gradients and moments), 2 replicas'
+  // deltas, the state and 3 for the largest transient.
+  const uint64_t eval = prepared["params"]["eval_memory_bytes"].get<uint64_t>();
+  EXPECT_GT(eval, model);
+  EXPECT_LT(eval, unit) << "a unit adds gradients and two AdamW moments";
+  EXPECT_EQ(prepared["aggregator_memory_bytes"], eval + (2 + 5) * model);
   EXPECT_NE(submit.out.find("memory a node needs: " + std::to_string(unit) +
                             " bytes for a whole unit, stages "),
             std::string::npos)

@@ -129,6 +129,7 @@ Result<PreparedTask> PrepareTask(Env* env, const std::string& path) {
   t.view.flops_per_sample = p.flops_per_sample;
   t.view.model_bytes = p.model_bytes;
   t.view.memory_required_bytes = p.memory_bytes;  // node::UnitMemoryBytes (MakeTaskParams)
+  t.view.eval_memory_bytes = p.eval_memory_bytes;  // a pipeline's (AddPipelineTerms)
   Status v = protocol::ValidateTaskSpec(t.view);
   if (!v.ok()) return v.WithPrefix(path);
   t.total_units = uint64_t{t.net.rounds} * p.units_per_round;  // R x S for a pipeline task

@@ -609,6 +609,18 @@ Status Trainer::SetFlatParams(std::span<const float> params) {
   return engine::SetFlatParams(*state_.model, params);
 }
 
+Result<MemoryEstimate> EstimateEvaluationMemory(const TaskSpec& task) {
+  // Evaluate's batch: a GPT's forwards take batch_size windows, a classifier's eval_batch_size
+  // samples (the last chunk may be smaller; the estimate is of the largest).
+  const int64_t batch = task.model.kind == "gpt" ? task.batch_size : task.eval_batch_size;
+  ML_ASSIGN_OR_RETURN(MemoryEstimate e,
+                      EstimateMemory(task.model, batch, task.seq_len, /*optimizer_kind=*/"",
+                                     /*sgd_momentum=*/false));
+  e.gradients = 0;  // Model::CreateForEvaluation allocates none
+  e.optimizer = 0;
+  return e;
+}
+
 Result<std::unique_ptr<Evaluator>> Evaluator::Create(TaskSpec task,
                                                      std::shared_ptr<const TaskData> data) {
   CHECK(data != nullptr);

@@ -37,6 +37,7 @@ protocol::TaskSpecView TaskSpecViewOf(const Hash256& task_id, const TaskParams& 
   v.flops_per_sample = p.flops_per_sample;
   v.model_bytes = p.model_bytes;
   v.memory_required_bytes = p.memory_bytes;
+  v.eval_memory_bytes = p.eval_memory_bytes;
   v.stages = std::max<uint32_t>(p.stages, 1);
   v.price_cap_per_gflop = price_cap;
   v.seed = p.seed;

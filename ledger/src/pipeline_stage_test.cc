@@ -346,6 +346,14 @@ TEST(PipelineStageSlotTest, TermsRefuseBadStageFields) {
   p = TestTaskParams();
   p.stage_boundary_bytes = {1};
   refused(p, false, "params.stage_boundary_bytes must be empty for a task without stages");
+  // The aggregator's evaluator is a pipeline task's term: an unsplit task's aggregator evaluates
+  // with its units' trainer.
+  p = TestTaskParams();
+  p.eval_memory_bytes = 1;
+  refused(p, false, "params.eval_memory_bytes = 1 must be 0 for a task without stages");
+  p = PipelineParams();
+  p.eval_memory_bytes = 1;
+  EXPECT_TRUE(ValidateTaskTerms(p, 1'000'000, 20, false, 0).ok());
   // A verifying chain checks every stage unit (one leaf per step in CommitStage, exact replays).
   EXPECT_TRUE(ValidateTaskTerms(PipelineParams(), 1'000'000, 20, true, 2).ok());
   p = PipelineParams();
@@ -385,6 +393,31 @@ TEST_F(PipelineStageTest, OnlyANodeThatHoldsTheWholeModelAggregates) {
       << "node " << NodeIndex(Machine().aggregator()->node) << " cannot hold the round";
   // A node that holds it: 8 GiB + (2 replicas' deltas + weights and momentum + 3 for the largest
   // transient) x model_bytes.
+  nodes_.push_back(TestKey(40));
+  caps_.push_back({8 * kGiB + 7 * p.model_bytes, 1'000'000'000'000});
+  for (const Receipt& x : Step({Q(alice_, Reg(nodes_.size() - 1))})) EXPECT_TRUE(x.ok) << x.reason;
+  ASSERT_TRUE(Machine().aggregator().has_value());
+  EXPECT_EQ(NodeIndex(Machine().aggregator()->node), nodes_.size() - 1);
+}
+
+// A pipeline task that declares its aggregator's evaluator (eval_memory_bytes: the weights and
+// one evaluation forward, not the whole model's training state) is aggregated by a node that
+// holds that, the state and the deltas, though not a whole unit's training need besides.
+TEST_F(PipelineStageTest, ANodeThatHoldsTheEvaluatorAggregates) {
+  TaskParams p = PipelineParams();
+  p.memory_bytes = 12 * kGiB;      // a whole unit: what the old bound counted
+  p.eval_memory_bytes = 8 * kGiB;  // n1 and n2 (8 GiB) hold it, not the state as well
+  ASSERT_TRUE(Start(p).ok);
+  std::vector<Transaction> txs;
+  for (uint32_t rep = 0; rep < kReplicas; ++rep) {
+    for (uint32_t s = 0; s < kStages; ++s) txs.push_back(Q(alice_, Commit(0, rep, s)));
+  }
+  for (const Receipt& x : Step(txs)) EXPECT_TRUE(x.ok) << x.reason;
+  for (int i = 0; i < 3; ++i) Step();
+  ASSERT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
+  EXPECT_FALSE(Machine().aggregator().has_value())
+      << "node " << NodeIndex(Machine().aggregator()->node) << " cannot hold the round";
+  // Exactly the new bound (8 GiB + 7 x model_bytes), below the old (12 GiB + 7 x model_bytes).
   nodes_.push_back(TestKey(40));
   caps_.push_back({8 * kGiB + 7 * p.model_bytes, 1'000'000'000'000});
   for (const Receipt& x : Step({Q(alice_, Reg(nodes_.size() - 1))})) EXPECT_TRUE(x.ok) << x.reason;

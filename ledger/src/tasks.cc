@@ -227,6 +227,13 @@ Status ValidatePipelineTerms(const TaskParams& p, bool verification, const Namer
                              " must be empty for a task without stages (" + name("stages") +
                              " = 1): a task of S stages lists its S-1 boundaries");
     }
+    if (p.eval_memory_bytes != 0) {
+      return InvalidArgument(name("eval_memory_bytes") + " = " +
+                             std::to_string(p.eval_memory_bytes) +
+                             " must be 0 for a task without stages (" + name("stages") +
+                             " = 1): its aggregator evaluates with the trainer its units train "
+                             "with (memory_bytes)");
+    }
     return Status::Ok();
   }
   if (p.units_per_round % p.stages != 0) {

@@ -63,6 +63,7 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
   params.seed = p.value("seed", uint64_t{0});
   params.model_bytes = p.value("model_bytes", uint64_t{0});
   params.memory_bytes = p.value("memory_bytes", uint64_t{0});
+  params.eval_memory_bytes = p.value("eval_memory_bytes", uint64_t{0});
   params.data_page_tokens = p.value("data_page_tokens", uint32_t{0});
   // A pipeline's per-stage and per-boundary lists, all compared below.
   for (const auto& [key, list] :
@@ -120,6 +121,20 @@ Status CheckBundleMatchesLedger(const TaskFacts& facts, const NetworkSpec& net,
         " for a unit (weights, gradients, optimizer moments, activations: "
         "UnitMemoryBytes) but the ledger's params.memory_bytes = " +
         std::to_string(p.memory_bytes) +
+        "; the submitter published an inconsistent task, refusing it");
+  }
+  // What a pipeline task's aggregator holds of the whole model: the scheduler draws aggregators
+  // by it (protocol::AggregatorMemoryBytes), so a node drawn by another need than its own
+  // evaluator's (StageTermsOf) could be one that cannot hold it. Zero: none declared (the
+  // aggregator is then placed by memory_bytes, a whole unit's training need, which holds it).
+  if (p.eval_memory_bytes != 0 && p.eval_memory_bytes != bundle.eval_memory_bytes) {
+    return InvalidArgument(
+        "the task bundle's model needs eval_memory_bytes = " +
+        std::to_string(bundle.eval_memory_bytes) +
+        " to evaluate a pipeline round's state (weights and one evaluation forward's "
+        "activations: engine::EstimateEvaluationMemory) but the ledger's params.eval_memory_bytes "
+        "= " +
+        std::to_string(p.eval_memory_bytes) +
         "; the submitter published an inconsistent task, refusing it");
   }
   // A pipeline's terms from its cut (StageTermsOf): the ledger places the stages by their memory

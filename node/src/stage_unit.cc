@@ -241,6 +241,8 @@ Result<StageTerms> StageTermsOf(const engine::TaskSpec& task, const NetworkSpec&
   ML_ASSIGN_OR_RETURN(
       terms.boundary_bytes,
       engine::CutBoundaryBytes(task.model, cut, task.batch_size, task.seq_len, task.micro_batches));
+  ML_ASSIGN_OR_RETURN(engine::MemoryEstimate eval, engine::EstimateEvaluationMemory(task));
+  terms.eval_memory_bytes = static_cast<uint64_t>(std::ceil(eval.total()));
   return terms;
 }
 
@@ -251,6 +253,7 @@ Status AddPipelineTerms(const engine::TaskSpec& task, const NetworkSpec& net,
   params->stage_memory_bytes = std::move(terms.memory_bytes);
   params->stage_flops = std::move(terms.flops);
   params->stage_boundary_bytes = std::move(terms.boundary_bytes);
+  params->eval_memory_bytes = terms.eval_memory_bytes;
   return Status::Ok();
 }
 

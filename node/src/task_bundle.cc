@@ -271,6 +271,7 @@ Result<TaskFacts> ComputeTaskFacts(const engine::TaskSpec& task, const engine::T
     f.stage_memory_bytes = std::move(terms->memory_bytes);
     f.stage_flops = std::move(terms->flops);
     f.stage_boundary_bytes = std::move(terms->boundary_bytes);
+    f.eval_memory_bytes = terms->eval_memory_bytes;
   }
   return f;
 }
@@ -300,7 +301,8 @@ ledger::TaskParams MakeTaskParams(const TaskFacts& facts, const NetworkSpec& net
                             .stage_memory_bytes = facts.stage_memory_bytes,
                             .stage_flops = facts.stage_flops,
                             .stage_boundary_bytes = facts.stage_boundary_bytes,
-                            .data_page_tokens = facts.data_page_tokens};
+                            .data_page_tokens = facts.data_page_tokens,
+                            .eval_memory_bytes = facts.eval_memory_bytes};
 }
 
 }  // namespace meshlearn::node

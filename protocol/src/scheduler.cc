@@ -77,10 +77,13 @@ uint32_t RoundReplicas(const TaskSpecView& task) {
 }
 
 uint64_t AggregatorMemoryBytes(const TaskSpecView& task) {
-  // The terms are the header's: the state (2), the round's deltas, the largest transient (3).
+  // The terms are the header's: the model it evaluates with, the state (2), the round's deltas,
+  // the largest transient (3).
+  const uint64_t model = task.stages > 1 && task.eval_memory_bytes != 0 ? task.eval_memory_bytes
+                                                                        : RequiredMemoryBytes(task);
   const uint64_t deltas = RoundReplicas(task);
   const U128 held = (static_cast<U128>(deltas) + 2 + 3) * task.model_bytes;
-  return Saturate(static_cast<U128>(RequiredMemoryBytes(task)) + held);
+  return Saturate(static_cast<U128>(model) + held);
 }
 
 uint32_t ReputationPermille(const Reputation& rep) {

@@ -477,6 +477,40 @@ TEST(SchedulerTest, AnAggregatorNeedsTheWholeModelTheStateAndTheRoundsDeltas) {
   }
 }
 
+// A pipeline task's aggregator trains nothing of the whole model: it evaluates with the weights
+// alone (eval_memory_bytes: the weights and one evaluation forward's activations), so the bound
+// counts that in place of a whole unit's training need, and a node that holds the evaluator, the
+// round's deltas and state but not the whole model's training state is now drawn.
+TEST(SchedulerTest, APipelineAggregatorIsPlacedByItsEvaluatorNotAWholeTrainer) {
+  TaskSpecView piped = Task(8);  // unit need 1 MiB, model 1000 bytes; 2 replicas x 4 stages
+  piped.stages = 4;
+  const uint64_t old_bound = AggregatorMemoryBytes(piped);  // none declared: the unit's need
+  EXPECT_EQ(old_bound, (1u << 20) + (2 + 5) * 1000u);
+  piped.eval_memory_bytes = 300'000;  // the weights and one evaluation forward
+  EXPECT_EQ(AggregatorMemoryBytes(piped), 300'000u + (2 + 5) * 1000u);
+  // What the trainer cost: the unit's need beyond the evaluator's.
+  EXPECT_EQ(old_bound - AggregatorMemoryBytes(piped), (1u << 20) - 300'000u);
+  // A task without stages evaluates with its units' trainer: its eval_memory_bytes (which the
+  // ledger refuses for it) would not count.
+  TaskSpecView unsplit = Task(8);
+  unsplit.eval_memory_bytes = 300'000;
+  EXPECT_EQ(AggregatorMemoryBytes(unsplit), (1u << 20) + (8 + 5) * 1000u);
+
+  std::vector<NodeView> nodes;
+  for (uint32_t i = 0; i < 3; ++i) nodes.push_back(Node(i));
+  nodes[0].memory_bytes = old_bound - 1;                     // between the new and the old bound
+  nodes[1].memory_bytes = AggregatorMemoryBytes(piped) - 1;  // short of the evaluator's round
+  nodes[2].memory_bytes = piped.eval_memory_bytes;           // the evaluator alone
+  for (uint64_t blk = 0; blk < 50; ++blk) {
+    auto a = AssignAggregator(piped, nodes, 0, {}, BlockHash(blk), kHeight, {});
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(a->node, nodes[0].id) << "block " << blk;
+  }
+  nodes[0].memory_bytes = AggregatorMemoryBytes(piped) - 1;
+  EXPECT_EQ(AssignAggregator(piped, nodes, 0, {}, BlockHash(0), kHeight, {}).status().code(),
+            StatusCode::kUnavailable);
+}
+
 // Pins the assignment algorithm: followers replaying old blocks must deal the same units. If a
 // change to AssignUnits alters this, it is a consensus change (a new ledger version).
 TEST(SchedulerTest, GoldenAssignments) {

@@ -225,6 +225,13 @@ class Trainer {
 //   ML_ASSIGN_OR_RETURN(std::unique_ptr<Evaluator> ev, Evaluator::Create(task, data));
 //   ML_RETURN_IF_ERROR(ev->SetFlatParams(state.weights));
 //   EvalResult r = ev->Evaluate();  // bit for bit a Trainer's Evaluate at the same weights
+// What an Evaluator of `task` holds, from the spec alone (nothing is allocated): its weights
+// (`parameters`; no gradients, no optimizer moments: both 0) and what one forward of Evaluate
+// keeps (`activations`: EstimateMemory's at Evaluate's batch, a GPT's batch_size windows of
+// seq_len tokens, a classifier's eval_batch_size samples). A pipeline task's aggregator is placed
+// by its total (TaskParams::eval_memory_bytes, protocol::AggregatorMemoryBytes).
+Result<MemoryEstimate> EstimateEvaluationMemory(const TaskSpec& task);
+
 class Evaluator {
  public:
   static Result<std::unique_ptr<Evaluator>> Create(TaskSpec task,

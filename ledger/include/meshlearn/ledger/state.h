@@ -234,6 +234,14 @@ struct TaskParams {
   // 0: data_root is over examples (or zero). engine::kTokenPageTokens: a token task whose
   // data_root is over pages of that many tokens.
   uint32_t data_page_tokens = 0;
+  // A pipeline task (stages > 1): what its round's aggregator holds of the whole model, which it
+  // evaluates each new state with and trains nothing of: its weights and one evaluation
+  // forward's activations (engine::EstimateEvaluationMemory, node::StageTermsOf; set by `task
+  // submit`, compared by every node). protocol::AggregatorMemoryBytes counts it in place of
+  // memory_bytes (a whole unit's training need: gradients and optimizer moments besides).
+  // 0: none declared (a task without stages must declare none), the aggregator is placed by
+  // memory_bytes.
+  uint64_t eval_memory_bytes = 0;
 
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
@@ -259,6 +267,7 @@ struct TaskParams {
     v("stage_flops", s.stage_flops);
     v("stage_boundary_bytes", s.stage_boundary_bytes);
     v("data_page_tokens", s.data_page_tokens);
+    v("eval_memory_bytes", s.eval_memory_bytes);
   }
   bool operator==(const TaskParams&) const = default;
 };

@@ -117,17 +117,22 @@ Status ApplyStageRound(GlobalState* state, const StageLayout& layout,
 // memory (engine::CutCosts total bytes, rounded up) and training FLOPs of one step, and per
 // boundary the bytes a step moves across it (engine::CutBoundaryBytes). The one derivation of
 // TaskFacts' (ComputeTaskFacts) and so of the ledger's (MakeTaskParams) and of what a node
-// compares them with (CheckBundleMatchesLedger).
+// compares them with (CheckBundleMatchesLedger). And what the round's aggregator holds of the
+// whole model: it trains none of it, it evaluates each round's state with the weights alone
+// (engine::EstimateEvaluationMemory's total, rounded up; TaskParams::eval_memory_bytes, which
+// protocol::AggregatorMemoryBytes counts in place of a whole unit's training need).
 struct StageTerms {
   std::vector<uint64_t> memory_bytes;    // per stage
   std::vector<uint64_t> flops;           // per stage
   std::vector<uint64_t> boundary_bytes;  // per boundary s|s+1
+  uint64_t eval_memory_bytes = 0;        // the aggregator's engine::Evaluator
 };
-// For net.stages > 1; empty lists for one stage. Errors are TaskPipelineCut's (naming
+// For net.stages > 1; empty lists and eval_memory_bytes 0 for one stage. Errors are TaskPipelineCut's (naming
 // network.stages or network.cut) and the cut's costs'.
 Result<StageTerms> StageTermsOf(const engine::TaskSpec& task, const NetworkSpec& net);
 
-// StageTermsOf into params' stage_memory_bytes, stage_flops and stage_boundary_bytes
+// StageTermsOf into params' stage_memory_bytes, stage_flops, stage_boundary_bytes and
+// eval_memory_bytes
 // (MakeTaskParams already set stages and units_per_round = replicas x stages, and the lists when
 // the cut could be made): what `task submit` calls so that a cut that cannot be made is named to
 // the submitter. Nothing changes for S = 1.

@@ -90,8 +90,12 @@ uint32_t RoundReplicas(const TaskSpecView& task);
 
 // Memory an aggregator needs beyond its idle process (node/src/roles/aggregator.cc), an upper
 // bound of what a round holds at once, term by term (M = model_bytes, R = RoundReplicas):
-//   RequiredMemoryBytes  the whole model's trainer it evaluates the new state with, a whole unit's
-//                        need (kept between rounds);
+//   the model            what it evaluates the new state with, kept between rounds: for a task
+//                        without stages the whole model's trainer its units train with, a whole
+//                        unit's need (RequiredMemoryBytes); for a pipeline task, which it trains
+//                        nothing of, an engine::Evaluator, the weights and one evaluation
+//                        forward's activations (eval_memory_bytes; RequiredMemoryBytes when it
+//                        declares none);
 //   2 M                  the round's global state, weights and outer momentum;
 //   R M                  the round's deltas, decoded (a pipeline replica's stage deltas are one
 //                        whole delta together);
@@ -102,9 +106,10 @@ uint32_t RoundReplicas(const TaskSpecView& task);
 //                        its end (the deltas are freed by then); a pipeline task's stage blob
 //                        being decoded (under M) and the few chunks node::ApplyStageRound applies
 //                        at a time.
-// So RequiredMemoryBytes + (R + 5) M. Saturating. A pipeline task, whose stages fit nodes that
-// cannot hold the whole model, is aggregated only by a node that can: AssignAggregator draws only
-// among nodes whose memory_bytes holds this. StageLedgerTest.TheAggregatorsPeakIsWithinTheBound
+// So the model + (R + 5) M. Saturating. A pipeline task, whose stages fit nodes that
+// cannot hold the whole model, is aggregated only by a node that holds its weights, the round's
+// deltas and state (not its training state: no node trains the whole model): AssignAggregator
+// draws only among nodes whose memory_bytes holds this. StageLedgerTest.TheAggregatorsPeakIsWithinTheBound
 // (node/src/stage_test.cc) measures the peak of a pipeline round in process against it.
 uint64_t AggregatorMemoryBytes(const TaskSpecView& task);
 

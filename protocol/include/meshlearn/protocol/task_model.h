@@ -140,6 +140,10 @@ struct TaskFacts {
   std::vector<uint64_t> stage_memory_bytes;
   std::vector<uint64_t> stage_flops;
   std::vector<uint64_t> stage_boundary_bytes;
+  // A pipeline task: what its aggregator's evaluator holds (the whole model's weights and one
+  // evaluation forward's activations: node::StageTermsOf, engine::EstimateEvaluationMemory);
+  // TaskParams::eval_memory_bytes. 0 for one stage.
+  uint64_t eval_memory_bytes = 0;
 };
 
 // The work of one unit: what the solver trains and every checking party replays.

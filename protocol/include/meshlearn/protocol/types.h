@@ -101,6 +101,10 @@ struct TaskSpecView {
   // whole model. The aggregator's estimates read it (RoundReplicas: a round's deltas add up to
   // units_per_round / stages whole deltas).
   uint32_t stages = 1;
+  // A pipeline task's aggregator's evaluator: the whole model's weights and one evaluation
+  // forward's activations (TaskParams::eval_memory_bytes). 0: none declared; AggregatorMemoryBytes
+  // then counts memory_required_bytes, a whole unit's training need.
+  uint64_t eval_memory_bytes = 0;
   uint64_t price_cap_per_gflop = 0;  // highest price_per_gflop the submitter accepts
   uint64_t seed = 0;                 // task seed: data order, initialisation
   uint64_t num_examples = 0;         // dataset size (samples, or token windows)
