@@ -463,8 +463,7 @@ Status PayHonestStageWork(LedgerState& s, const ChainParams& p, const Hash256& t
   std::set<uint32_t> forced_replicas;  // with a forced stage and no false step
   for (uint32_t index : rerun.forced_stages) {
     const StageSlot slot = StageSlotOf(params, index);
-    if (slot.round != rerun.round) continue;
-    if (honest_steps.emplace(slot.replica, params.inner_steps).second) {
+    if (slot.round == rerun.round && honest_steps.emplace(slot.replica, params.inner_steps).second) {
       forced_replicas.insert(slot.replica);
     }
   }
