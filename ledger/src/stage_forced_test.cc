@@ -4,6 +4,7 @@
 // (RevealSecretTx::forced_commits), which the ledger checks. Checked against a follower after
 // every block (FollowedChainFixture).
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -200,6 +201,60 @@ TEST_F(ForcedStageTest, ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplica
   if (Unit(kDrawn).assignee == first_run[kDrawn]) {
     EXPECT_EQ(NextSecret(kDrawn), Secret(first_run[kDrawn], 2));
   }
+}
+
+// A replica with a stage drawn for a forced error (stage 1, its forced form caught) and a sibling
+// that cheats (stage 0, drawn too, commits its real states: its own check, run to the end, rules
+// fraud, ADrawnStageThatCommittedItsRealStatesIsSlashed) whose check is still open when stage 1's
+// settles. The replica re-runs, but a sibling's discarded work is paid only once its own check has
+// settled clean: the cheating stage is never paid for it (nor the drawn stage for its forced
+// run); the supply is conserved (Produce checks the chain's totals after every block). Found by
+// PipelineNetworkTest.ALazyStageDrawnForAForcedErrorIsCaughtOnItsRerun (a lazy stage paid 1 token
+// so). DISABLED until that rule is in (docs/verification.md, "Not yet"): today the cheating stage is
+// paid its whole cost (160) when stage 1's check settles.
+TEST_F(ForcedStageTest, DISABLED_ASiblingWhoseCheckIsOpenIsNotPaidWhenAForcedStagesReplicaReruns) {
+  StartWithCatcher();
+  constexpr uint32_t kDrawn = 1, kCheat = 0, kSibling = 2;
+  std::vector<PublicKey> first_run;
+  std::vector<std::vector<StageStepCommit>> commits;
+  std::vector<Transaction> txs;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    first_run.push_back(Unit(st).assignee);
+    commits.push_back(Commits(st, /*forced=*/st != kCheat));
+    txs.push_back(Q(alice_, Commit(st, LeavesOf(commits.back()))));
+  }
+  StepOk(txs);
+  StepUntil(kDrawn, CheckStage::kCheckCommitVerdicts);
+  const std::vector<Hash256> leaves = LeavesOf(commits[kDrawn]);
+  const Sealed stamp = Clean(kDrawn);
+  Sealed caught = Mismatch(kDrawn, leaves, 0, Commits(kDrawn, false)[0].state_after);
+  caught.salt = Blake2b("catcher's salt");
+  StepOk({SealTx(kDrawn, stamp), SealTx(kDrawn, caught, &catcher_)});
+  StepUntil(kDrawn, CheckStage::kCheckRevealVerdicts);
+  ASSERT_NE(Check(kCheat).stage(), CheckStage::kCheckSettled) << "the cheat's check is open";
+  StepOk({RevealTx(kDrawn, stamp), RevealTx(kDrawn, caught, bundle_, &catcher_),
+          ForcedSecretTx(kDrawn, protocol::EncodeStageStepCommits(commits[kDrawn]))});
+  for (int i = 0; i < 5 && HasCheck(kDrawn) && Check(kDrawn).stage() != CheckStage::kCheckSettled;
+       ++i) {
+    Step();
+  }
+  EXPECT_EQ(Task().verification.forced_error, 1u);
+  const TaskParams params = Task().params;
+  // Run on until the first run's checks are gone, whichever way they went.
+  for (int i = 0; i < 40 && (HasCheck(kCheat) || HasCheck(kSibling)) &&
+                  Unit(kCheat).assignee == first_run[kCheat];
+       ++i) {
+    Step();
+  }
+  EXPECT_EQ(Node(first_run[kCheat]).earnings.units, 0u)
+      << "a stage whose own check did not settle clean is paid for its discarded attempt";
+  EXPECT_EQ(Node(first_run[kDrawn]).earnings.units, 0u);
+  // Stage 2 is drawn too (one in one) and committed its forced form: its own check, if it runs,
+  // ends as a forced error, so it is not the honest sibling whose whole cost this is about
+  // (ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplicaReruns pays those).
+  std::printf("stage 2's first run paid %llu of %llu\n",
+              static_cast<unsigned long long>(Node(first_run[kSibling]).earnings.units),
+              static_cast<unsigned long long>(StageUnitCost(params, kTestUnitCost, kSibling)));
 }
 
 // A drawn stage that committed its real states (to get the verifiers that replay them clean
