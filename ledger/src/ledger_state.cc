@@ -133,12 +133,21 @@ Totals LedgerState::ComputeTotals() const {
     for (const Unbonding& u : a.unbonding) add(t.unbonding, u.amount);
   }
   for (const auto& [k, n] : nodes.rows()) add(t.staked, n.stake);
-  for (const auto& [k, task] : tasks.rows()) add(t.escrow, task.escrow);
-  // Bonds held on units, counted with the escrows: claimants' serve bonds (ServeBond), and a late
-  // challenge's while its game runs (LateGame).
-  for (const auto& [k, u] : units.rows()) {
-    for (const ServeBond& b : u.serve_bonds) add(t.escrow, b.amount);
-    if (u.late.open()) add(t.escrow, u.late.bond);
+  // Bonds held on units count with the escrows. Read only where they can be (this runs every
+  // block: no scan of every unit ever made): a late challenge's on the units its task lists
+  // (LateGame), claimants' serve bonds (ServeBond) on an open task's units (a task's close gives
+  // them back).
+  for (const auto& [k, task] : tasks.rows()) {
+    add(t.escrow, task.escrow);
+    for (uint32_t index : task.verification.late_games) {
+      if (const WorkUnit* u = units.Find({k, index})) add(t.escrow, u->late.bond);
+    }
+    if (task.status != TaskStatus::kOpen) continue;
+    for (uint32_t index = 0; index < task.unit_count; ++index) {
+      const WorkUnit* u = units.Find({k, index});
+      if (u == nullptr) continue;
+      for (const ServeBond& b : u->serve_bonds) add(t.escrow, b.amount);
+    }
   }
   t.treasury = g().treasury;
   t.jackpot = g().jackpot;
