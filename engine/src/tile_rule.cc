@@ -548,6 +548,36 @@ int64_t TileRuleWindowRunWidth(int64_t s, int64_t KW, int64_t tiles = kTileWindo
   const int64_t most = (tiles - 1) * kTileCols + 1 - KW;
   return std::clamp<int64_t>(most < 0 ? 1 : most / s + 1, 1, kTileCols);
 }
+// The columns of a row one segment of a first layer's max-pool reads (a segment: up to as many
+// outputs of an output row as TileRuleConvPiecesOf cuts them into, at most kTileCols).
+int64_t TileRulePoolSegmentCols(const TileOp& o) {
+  const int64_t W = o.conv[2], k = o.conv[4], s = o.conv[6];
+  const int64_t width = TileRuleWindowRunWidth(s, k, std::max<int64_t>(1, kTileWindowTiles / k));
+  return std::min(W, (std::min({TileRuleOutW(o), kTileCols, width}) - 1) * s + k);
+}
+// The most chunks of an example `rows` rows of one segment of a first layer's max-pool's windows
+// read (below, with the pieces).
+int64_t TileRulePoolSegmentChunks(const TileOp& o, int64_t cols, int64_t rows);
+// A first layer's max-pool reads whole 1,024-float chunks of its examples: a window of k rows over
+// rows of W floats spans about k W / 1,024 of them, so one example's window alone can pass the
+// bound (a 64 x 64 window over 1 x 64 x 2000: 125 chunks, 500 KiB; the plan refused such a pool).
+// Where one example's segment with the partial's tile passes kTileWitnessValueFloats, its window
+// is read in chunks of rows, one a block, as a forward's over activations is
+// (TileRulePoolRowChunks; the partial carries each output's running maximum in its own element):
+// as many rows as lie in kTileWindowTiles chunks of the example at the worst alignment (20 rows
+// of 2,000 floats: 39 chunks), at least one (at most two chunks: the engine's windows are at most
+// 64 wide). Every pool planned before (its window's chunks under the bound) reads its whole
+// window a block, as it did.
+int64_t TileRulePoolExampleRowChunk(const TileOp& o) {
+  const int64_t k = o.conv[4], cols = TileRulePoolSegmentCols(o);
+  if ((TileRulePoolSegmentChunks(o, cols, k) + 1) * kExampleChunkFloats <=
+      kTileWitnessValueFloats) {
+    return k;
+  }
+  int64_t q = k;
+  while (q > 1 && TileRulePoolSegmentChunks(o, cols, q) > kTileWindowTiles) --q;
+  return q;
+}
 // A max-pool's one output's window, k rows of k columns (two tiles a row at the worst alignment up
 // to k = 33, three to 64), passes kTileWitnessValueFloats with its block's other tile or two (dout,
 // the partial) past k = 29. Such a window is read in chunks of rows, each a block, in the forward's
@@ -562,6 +592,9 @@ int64_t TileRulePoolRowChunk(const TileOp& o) {
   // Only a forward read by its windows' columns (TileRuleWindowWide; not a first layer's, whose
   // pieces are cut by the chunks of its examples), or an input gradient's chain, reads one output's
   // window a block.
+  if (o.kind == TileOpKind::kTileOpMaxPool && TileRuleConvOverChunks(o)) {
+    return TileRulePoolExampleRowChunk(o);
+  }
   const bool cut = o.kind == TileOpKind::kTileOpMaxPoolInputGrad
                        ? o.window_chain
                        : o.x != kTileOperandBatch && TileRuleWindowWide(o);
@@ -606,12 +639,13 @@ int64_t TileRulePoolRowChunks(const TileOp& o) {
 // rows, (k - 1) W + cols floats from its first, in one chunk where a plane lies in one, or where
 // the windows' rows are aligned blocks of a chunk (3 x 64 x 64 at 2 x 2: rows 2 oh and 2 oh + 1,
 // 128 floats); else as many as that span can cross.
-int64_t TileRulePoolSegmentChunks(const TileOp& o, int64_t cols) {
+// Where its window's rows are read in chunks (TileRulePoolExampleRowChunk), `rows` of them.
+int64_t TileRulePoolSegmentChunks(const TileOp& o, int64_t cols, int64_t rows) {
   const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
   const bool aligned =
       (H * W) % kExampleChunkFloats == 0 && kExampleChunkFloats % (s * W) == 0 && k <= s;
   if (kExampleChunkFloats % (H * W) == 0 || aligned) return 1;
-  return ((k - 1) * W + cols + kExampleChunkFloats - 2) / kExampleChunkFloats + 1;
+  return ((rows - 1) * W + cols + kExampleChunkFloats - 2) / kExampleChunkFloats + 1;
 }
 struct TileRuleConvPieces {
   int64_t runs = kTileCols;   // segments a piece; kTileCols: every segment of the tile
@@ -647,7 +681,7 @@ TileRuleConvPieces TileRuleConvPiecesOf(const TileOp& o) {
     // examples), of as many of its examples (a power of two) as keep their chunks within
     // kTileWindowTiles (16 where a segment reads two chunks).
     per = 1;
-    const int64_t chunks = TileRulePoolSegmentChunks(o, cols);
+    const int64_t chunks = TileRulePoolSegmentChunks(o, cols, TileRulePoolRowChunk(o));
     while (kTileRows / p.row_parts * chunks > kTileWindowTiles && p.row_parts < kTileRows) {
       p.row_parts *= 2;
     }
@@ -725,6 +759,11 @@ std::pair<int64_t, int64_t> TileRuleWindowInputCols(const TileOp& o, int64_t ow0
   return {iw0, std::max(iw0, std::min(W, (ow1 - 1) * s - pad + KW))};
 }
 
+// The tiles a block of a max-pool input gradient's chain over its outputs reads at most, its
+// outputs a group of TileRulePoolChainSlots (below, with the chain): at most 48 where a group is
+// more than one output, 2 k + 2 for one output's window.
+int64_t TileRulePoolChainGroupTiles(const TileOp& o);
+
 // The most floats of values a block of a max-pool forward or input-gradient tile reads (whole
 // tiles of kTileRows x kTileCols, chunks of 32 examples, the partial's tile), by the footprints'
 // arithmetic at the worst alignment of the windows' columns in the tiles. The tile plan refuses a
@@ -743,11 +782,13 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   const auto row_tiles = [](int64_t n) { return n <= 0 ? 0 : (n + kTileCols - 2) / kTileCols + 1; };
   if (o.kind == TileOpKind::kTileOpMaxPool) {
     const TileRuleConvPieces p = TileRuleConvPiecesOf(o);
-    const int64_t partial = p.count() > 1 ? kTile : 0;
+    const int64_t partial = p.count() > 1 || TileRulePoolRowChunks(o) > 1 ? kTile : 0;
     if (o.x == kTileOperandBatch) {
       if (!TileRuleConvOverChunks(o)) return kTileRows * plan.input_size;  // whole examples
-      const int64_t cols = std::min(W, (std::min({OW, kTileCols, p.width}) - 1) * s + k);
-      return kTileRows / p.row_parts * TileRulePoolSegmentChunks(o, cols) * kExampleChunkFloats +
+      // A segment of the piece's examples (a chunk of its window's rows).
+      const int64_t cols = TileRulePoolSegmentCols(o);
+      return kTileRows / p.row_parts * TileRulePoolSegmentChunks(o, cols, TileRulePoolRowChunk(o)) *
+                 kExampleChunkFloats +
              partial;
     }
     if (!TileRuleWindowWide(o)) return TileRulePoolRowsTiles(o) * kTile;
@@ -763,7 +804,9 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   // its index.
   if (o.window_chain) {
     const int64_t rows = TileRulePoolRowChunk(o);
-    return (2 + rows * row_tiles(k)) * kTile + (rows < k ? 2 * kTileRows : 0);
+    if (rows < k) return (2 + rows * row_tiles(k)) * kTile + 2 * kTileRows;
+    // A group of outputs (TileRulePoolChainSlots): one row's, or whole rows.
+    return TileRulePoolChainGroupTiles(o) * kTile;
   }
   // The output rows reaching an input row (one for a plane's first or last row), the outputs of a
   // row reaching a run of n input columns inside a row (n_ow) or at its start or end (edge), and
@@ -807,9 +850,9 @@ constexpr int64_t kTileWindowCheckTiles = 1 << 14;
 // columns, the last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic
 // decides. An input gradient past the bound whole is made a chain over its outputs
 // (TileOp::window_chain: every pool the plan took before keeps its plan), past 29 rows over chunks
-// of each window's rows (TileRulePoolRowChunks), as a forward's one-output pieces are; what still
-// passes (a first layer's window over its examples' chunks: a 64 x 64 window over 1 x 64 x 2000)
-// is refused.
+// of each window's rows (TileRulePoolRowChunks), as a forward's one-output pieces are (a first
+// layer's too, by the chunks of its examples its rows lie in: TileRulePoolExampleRowChunk); what
+// still passes (no window the engine builds, kernels being at most 64) is refused.
 Status TileRuleCheckWindowBlocks(TilePlan& plan) {
   for (int64_t j = 0; j < static_cast<int64_t>(plan.ops.size()); ++j) {
     TileOp& o = plan.ops[static_cast<size_t>(j)];
@@ -845,8 +888,7 @@ Status TileRuleCheckWindowBlocks(TilePlan& plan) {
         (o.kind == TileOpKind::kTileOpMaxPool ? "output" : "input gradient") + " can read " +
         n(4 * floats / 1024) + " KiB of values, past the " + n(4 * kTileWitnessValueFloats / 1024) +
         " KiB a tile witness carries under its 256 KiB bound, so the ledger could not rule it; "
-        "the tile plan cuts a max-pool's blocks down to chunks of one output's window's rows, "
-        "but a first layer's window reads whole 1,024-float chunks of its examples "
+        "the tile plan cuts a max-pool's blocks down to chunks of one output's window's rows "
         "(docs/verification.md, \"The witness bound\"): use a smaller window or narrower "
         "images");
   }
@@ -873,32 +915,85 @@ std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int6
 // each element still sees its outputs in increasing order.) Every tile has the same slots: the
 // most runs a tile's kTileCols columns make, times the most output rows reaching an input row,
 // times the most outputs of a row reaching a run; a slot past a tile's runs or its run's outputs
-// leaves the partial as it is. A block reads dout of its output (one tile) and its window's k rows
-// of k columns (two tiles a row up to k = 33): with the partial, 2k + 2 tiles, under the 60 of
-// kTileWitnessValueFloats up to k = 29 (the forward's one-output piece reads as much).
+// leaves the partial as it is. One output's block reads dout of its output (one tile) and its
+// window's k rows of k columns (two tiles a row up to k = 33): with the partial, 2k + 2 tiles,
+// under the 60 of kTileWitnessValueFloats up to k = 29 (the forward's one-output piece reads as
+// much).
+// A block is a group of consecutive slots of its run, in the same order: `group` outputs of one
+// output row, or (where a whole row fits, group == cols) `row_group` whole rows of them; the
+// recompute visits its outputs in increasing (oh, ow), so every element still sees its outputs
+// in the kernel's order, and the chain's partial after a group is the one-output chain's after its
+// last output. The groups are as large as keep a block within kTilePoolGroupTiles tiles at the
+// worst alignment: dout of its outputs, each window row's columns of its outputs and the partial's
+// tile. (A 16 x 16 window of stride 1 over 4 x 64 x 64: 18 outputs a block, 48 blocks where one
+// output a block made 752; 20 x 20 of stride 1: 14 outputs, 43 tiles, one more than one output's
+// window.) A window past 29 rows (read in chunks of its rows), or whose two outputs pass
+// kTilePoolGroupTiles (k >= 23), is one output a block, as before.
+// 48 tiles: 192 KiB of values, and 64 KiB left for the block's tiles' proofs (each under 1,365
+// bytes: a proof of 40 levels) and the output roots, under the 256 KiB witness bound.
+constexpr int64_t kTilePoolGroupTiles = 48;
 struct TileRulePoolChainSlots {
   int64_t runs = 0, rows = 0, cols = 0;
-  int64_t count() const { return runs * rows * cols; }
+  int64_t group = 1;      // outputs of a row a block (<= cols)
+  int64_t row_group = 1;  // whole rows a block (> 1 only where group == cols)
+  int64_t per_row() const { return (cols + group - 1) / group; }
+  int64_t per_run() const {
+    return group < cols ? rows * per_row() : (rows + row_group - 1) / row_group;
+  }
+  int64_t count() const { return runs * per_run(); }
 };
+// The tiles of n consecutive floats of a row at the worst alignment.
+int64_t TileRuleRunTiles(int64_t n) { return n <= 0 ? 0 : (n + kTileCols - 2) / kTileCols + 1; }
+// The tiles a chain block of `outputs` consecutive outputs of `rows` output rows reads at most:
+// dout (a run of its outputs a row), the distinct input rows of their windows (each the union of
+// its outputs' window columns) and the partial's tile.
+int64_t TileRulePoolChainBlockTiles(const TileOp& o, int64_t outputs, int64_t rows) {
+  const int64_t W = o.conv[2], k = o.conv[4], s = o.conv[6];
+  const int64_t span = std::min(W, (outputs - 1) * s + k);
+  const int64_t window = std::min(TileRuleRunTiles(span), outputs * TileRuleRunTiles(k));
+  const int64_t input_rows = std::min(rows * k, (rows - 1) * s + k);
+  return rows * TileRuleRunTiles(outputs) + input_rows * window + 1;
+}
 TileRulePoolChainSlots TileRulePoolChainSlotsOf(const TileOp& o) {
   const int64_t W = o.conv[2], k = o.conv[4], s = o.conv[6];
   TileRulePoolChainSlots sl;
   sl.runs = W % kTileCols == 0 ? 1 : std::min(kTileCols, (kTileCols - 2) / W + 2);
   sl.rows = std::min(TileRuleOutH(o), (k + s - 1) / s);
   sl.cols = std::min(TileRuleOutW(o), (std::min(W, kTileCols) + k - 2) / s + 1);
+  if (TileRulePoolRowChunks(o) > 1) return sl;
+  while (sl.group < sl.cols &&
+         TileRulePoolChainBlockTiles(o, sl.group + 1, 1) <= kTilePoolGroupTiles) {
+    ++sl.group;
+  }
+  while (sl.group == sl.cols && sl.row_group < sl.rows &&
+         TileRulePoolChainBlockTiles(o, sl.cols, sl.row_group + 1) <= kTilePoolGroupTiles) {
+    ++sl.row_group;
+  }
   return sl;
 }
-// Block `block` of such a tile: its run (channel c, input row ih, columns [iw0, iw1), the run's
-// first column in the tile col0) and its output (oh, ow); empty past the tile's runs or outputs.
+int64_t TileRulePoolChainGroupTiles(const TileOp& o) {
+  const TileRulePoolChainSlots sl = TileRulePoolChainSlotsOf(o);
+  return TileRulePoolChainBlockTiles(o, sl.group, sl.row_group);
+}
+// Block `block` of such a tile (a group of slots, TileRulePoolChainSlots): its run (channel c,
+// input row ih, columns [iw0, iw1), the run's first column in the tile col0) and its outputs, rows
+// [oh0, oh1) by columns [ow0, ow1); empty past the tile's runs or its run's outputs.
 struct TileRulePoolChainBlock {
   bool empty = true;
-  int64_t c = 0, ih = 0, iw0 = 0, iw1 = 0, col0 = 0, oh = 0, ow = 0;
+  int64_t c = 0, ih = 0, iw0 = 0, iw1 = 0, col0 = 0, oh0 = 0, oh1 = 0, ow0 = 0, ow1 = 0;
 };
 TileRulePoolChainBlock TileRulePoolChainBlockOf(const TileOp& o, const TileGrid::Rect& t,
                                                 int64_t block) {
   const TileRulePoolChainSlots sl = TileRulePoolChainSlotsOf(o);
-  const int64_t run = block / (sl.rows * sl.cols);
-  const int64_t rr = block % (sl.rows * sl.cols) / sl.cols, cc = block % sl.cols;
+  const int64_t run = block / sl.per_run(), g = block % sl.per_run();
+  // The group's slots: rows [rr0, rr1) by columns [cc0, cc1) of the run's.
+  int64_t rr0 = g, rr1 = g + 1, cc0 = 0, cc1 = sl.cols;
+  if (sl.group < sl.cols) {
+    rr0 = g / sl.per_row(), rr1 = rr0 + 1;
+    cc0 = g % sl.per_row() * sl.group, cc1 = cc0 + sl.group;
+  } else {
+    rr0 = g * sl.row_group, rr1 = rr0 + sl.row_group;
+  }
   TileRulePoolChainBlock b;
   int64_t i = 0, col = 0;
   bool found = false;
@@ -913,10 +1008,9 @@ TileRulePoolChainBlock TileRulePoolChainBlockOf(const TileOp& o, const TileGrid:
   if (!found) return b;
   const auto [oh0, oh1] = TileRuleWindowRows(o, b.ih, b.ih + 1);
   const auto [ow0, ow1] = TileRuleWindowCols(o, b.iw0, b.iw1);
-  if (oh0 + rr >= oh1 || ow0 + cc >= ow1) return b;
-  b.oh = oh0 + rr;
-  b.ow = ow0 + cc;
-  b.empty = false;
+  b.oh0 = oh0 + rr0, b.oh1 = std::min(oh1, oh0 + rr1);
+  b.ow0 = ow0 + cc0, b.ow1 = std::min(ow1, ow0 + cc1);
+  b.empty = b.oh0 >= b.oh1 || b.ow0 >= b.ow1;
   return b;
 }
 // A conv's weight and bias gradient tiles chain every element over (b, oh, ow) (kernels.h):
@@ -2410,17 +2504,21 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       const int64_t OH = TileRuleOutH(o), OW = TileRuleOutW(o);
       if (o.window_chain) {
         // A chain over the outputs reaching the tile (TileRulePoolChainBlockOf): the block's
-        // output's dout and its window's k rows.
-        // (Past 29 rows: the block's chunk of them, dout with the last.)
+        // outputs' dout and their windows' k rows, output by output.
+        // (Past 29 rows: one output, the block's chunk of its rows, dout with the last.)
         const int64_t rc = TileRulePoolRowChunks(o), q = TileRulePoolRowChunk(o);
         const int64_t kh0 = block % rc * q, kh1 = std::min(k, kh0 + q);
         const TileRulePoolChainBlock pb = TileRulePoolChainBlockOf(o, t, block / rc);
         if (pb.empty) break;  // past the tile's runs or its run's outputs
-        const int64_t f = (pb.c * OH + pb.oh) * OW + pb.ow;
-        if (kh1 == k) TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f, f + 1, fp);
-        for (int64_t h = pb.oh * s + kh0; h < pb.oh * s + kh1; ++h) {
-          const int64_t x0 = (pb.c * H + h) * W + pb.ow * s;
-          TileRuleCoverOnce(plan, o.w, t.r0, t.r1, x0, x0 + k, fp);
+        for (int64_t oh = pb.oh0; oh < pb.oh1; ++oh) {
+          const int64_t f = (pb.c * OH + oh) * OW;
+          if (kh1 == k) TileRuleCoverOnce(plan, o.x, t.r0, t.r1, f + pb.ow0, f + pb.ow1, fp);
+          for (int64_t ow = pb.ow0; ow < pb.ow1; ++ow) {
+            for (int64_t h = oh * s + kh0; h < oh * s + kh1; ++h) {
+              const int64_t x0 = (pb.c * H + h) * W + ow * s;
+              TileRuleCoverOnce(plan, o.w, t.r0, t.r1, x0, x0 + k, fp);
+            }
+          }
         }
         break;
       }
@@ -3279,15 +3377,18 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
       // kernels.h: the window's first element, replaced by every later one that is greater.
       const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
       const int64_t OH = (H - k) / s + 1, OW = (W - k) / s + 1;
-      const TileRuleConvSpan cs = TileRuleConvOf(o, t.c0, t.c1);
-      const int64_t IH = cs.ih1 - cs.ih0;
       // Only the block's piece's outputs are computed (TileRuleConvPieceOf); the others keep the
-      // partial (0 before the first piece).
+      // partial (0 before the first piece). Only the piece's rows of the input rows its outputs'
+      // windows cover are read (a first layer's: one example's rows of 2,000 floats, not the
+      // tile's 32).
       const TileRuleConvPiece pc = TileRuleConvPieceOf(o, t, blocks, block);
+      const bool any = pc.r0 < pc.r1 && pc.c0 < pc.c1;
+      const TileRuleConvSpan cs = TileRuleConvOf(o, any ? pc.c0 : t.c0, any ? pc.c1 : t.c1);
+      const int64_t IH = cs.ih1 - cs.ih0;
       const int64_t q = TileRulePoolRowChunk(o);
-      std::vector<std::vector<float>> chan;  // per channel: (R, IH, W)
-      for (int64_t c = cs.oc0; c < cs.oc1; ++c) {
-        chan.push_back(dense(o.x, t.r0, t.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W));
+      std::vector<std::vector<float>> chan;  // per channel: (pc.r1 - pc.r0, IH, W)
+      for (int64_t c = cs.oc0; any && c < cs.oc1; ++c) {
+        chan.push_back(dense(o.x, pc.r0, pc.r1, (c * H + cs.ih0) * W, (c * H + cs.ih1) * W));
       }
       for (int64_t r = 0; r < R; ++r) {
         for (int64_t jj = 0; jj < K; ++jj) {
@@ -3298,7 +3399,8 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
             continue;
           }
           const std::vector<float>& x = chan[static_cast<size_t>(c - cs.oc0)];
-          auto at = [&](int64_t ih, int64_t iw) { return x[(r * IH + ih - cs.ih0) * W + iw]; };
+          const int64_t pr = t.r0 + r - pc.r0;
+          auto at = [&](int64_t ih, int64_t iw) { return x[(pr * IH + ih - cs.ih0) * W + iw]; };
           // A window past 29 rows: the block's chunk of rows, from the running maximum the
           // partial holds after the chunks before it.
           const int64_t kh0 = pc.pair_block * q, kh1 = std::min(k, kh0 + q);
@@ -3433,40 +3535,44 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         if (block > 0) out = in.partial;
         out.resize(static_cast<size_t>(n + (rc > 1 ? 2 * R : 0)), 0.0f);
         const TileRulePoolChainBlock pb = TileRulePoolChainBlockOf(o, t, block / rc);
-        if (!pb.empty) {
-          const int64_t f = (pb.c * OH + pb.oh) * OW + pb.ow;
-          const std::vector<float> d =
-              kh1 == k ? dense(o.x, t.r0, t.r1, f, f + 1) : std::vector<float>();
-          std::vector<std::vector<float>> win;  // the chunk's rows of the window: (R, k) each
-          for (int64_t kh = kh0; kh < kh1; ++kh) {
-            const int64_t x0 = (pb.c * H + pb.oh * s + kh) * W + pb.ow * s;
-            win.push_back(dense(o.w, t.r0, t.r1, x0, x0 + k));
-          }
-          for (int64_t r = 0; r < R; ++r) {
-            float& run_best = rc > 1 ? out[static_cast<size_t>(n + r)] : out[0];
-            float& run_at = rc > 1 ? out[static_cast<size_t>(n + R + r)] : out[0];
-            float best = kh0 == 0 ? win[0][static_cast<size_t>(r * k)] : run_best;
-            int64_t at = kh0 == 0 ? 0 : static_cast<int64_t>(run_at);
+        // The block's outputs in increasing (oh, ow) (TileRulePoolChainSlots: a group of them;
+        // past 29 rows, one).
+        for (int64_t oh = pb.oh0; !pb.empty && oh < pb.oh1; ++oh) {
+          for (int64_t ow = pb.ow0; ow < pb.ow1; ++ow) {
+            const int64_t f = (pb.c * OH + oh) * OW + ow;
+            const std::vector<float> d =
+                kh1 == k ? dense(o.x, t.r0, t.r1, f, f + 1) : std::vector<float>();
+            std::vector<std::vector<float>> win;  // the chunk's rows of the window: (R, k) each
             for (int64_t kh = kh0; kh < kh1; ++kh) {
-              for (int64_t kw = 0; kw < k; ++kw) {
-                const float v =
-                    win[static_cast<size_t>(kh - kh0)][static_cast<size_t>(r * k + kw)];
-                if (v > best) {
-                  best = v;
-                  at = kh * k + kw;
+              const int64_t x0 = (pb.c * H + oh * s + kh) * W + ow * s;
+              win.push_back(dense(o.w, t.r0, t.r1, x0, x0 + k));
+            }
+            for (int64_t r = 0; r < R; ++r) {
+              float& run_best = rc > 1 ? out[static_cast<size_t>(n + r)] : out[0];
+              float& run_at = rc > 1 ? out[static_cast<size_t>(n + R + r)] : out[0];
+              float best = kh0 == 0 ? win[0][static_cast<size_t>(r * k)] : run_best;
+              int64_t at = kh0 == 0 ? 0 : static_cast<int64_t>(run_at);
+              for (int64_t kh = kh0; kh < kh1; ++kh) {
+                for (int64_t kw = 0; kw < k; ++kw) {
+                  const float v =
+                      win[static_cast<size_t>(kh - kh0)][static_cast<size_t>(r * k + kw)];
+                  if (v > best) {
+                    best = v;
+                    at = kh * k + kw;
+                  }
                 }
               }
+              if (kh1 < k) {  // the window goes on in the next block
+                run_best = best;
+                run_at = static_cast<float>(at);
+                continue;
+              }
+              if (rc > 1) run_best = run_at = 0.0f;
+              const int64_t ih = oh * s + at / k, iw = ow * s + at % k;
+              if (ih != pb.ih || iw < pb.iw0 || iw >= pb.iw1) continue;
+              float& acc = out[static_cast<size_t>(r * K + pb.col0 + iw - pb.iw0)];
+              acc = acc + d[static_cast<size_t>(r)];
             }
-            if (kh1 < k) {  // the window goes on in the next block
-              run_best = best;
-              run_at = static_cast<float>(at);
-              continue;
-            }
-            if (rc > 1) run_best = run_at = 0.0f;
-            const int64_t ih = pb.oh * s + at / k, iw = pb.ow * s + at % k;
-            if (ih != pb.ih || iw < pb.iw0 || iw >= pb.iw1) continue;
-            float& acc = out[static_cast<size_t>(r * K + pb.col0 + iw - pb.iw0)];
-            acc = acc + d[static_cast<size_t>(r)];
           }
         }
         if (block + 1 == blocks) out.resize(static_cast<size_t>(n));

@@ -1461,6 +1461,35 @@ init = "xavier"
   ExpectTheHonestSideWinsAtEveryTile(lies, "first-layer 2 x 2 max-pool over 3 x 40 x 40");
 }
 
+// A first layer's 32 x 32 max-pool over 1 x 32 x 2000 examples (62 outputs; 63 chunks an
+// example): one output's window spans 62 chunks of its example (with the partial, past the 240 KiB
+// of values a witness carries), and the plan refused it at submission. Its pieces (one output of
+// one example) read the window in chunks of 20 rows (39 chunks at the worst alignment) and 12, one
+// a block, the running maximum carried in the output's own element of the partial (engine
+// TileRulePoolExampleRowChunk: 32 x 32 pieces x 2, 2,048 blocks): a lie at tile 0, row 20, output
+// 5 (piece 5 x 32 + 20), in its second chunk (block 2 x 180 + 1), and one at tile 1, row 3, output
+// 40 (its eighth segment: piece 8 x 32 + 3), in its first (block 2 x 259), are each ruled from 39
+// chunks of one example.
+TEST(TileDisputeTest, OnLargeExamplesAFirstLayerMaxPoolOverManyChunksIsRuledFromAChunkOfItsRows) {
+  static const auto* setup = ChunkedLayersSetup({1, 32, 2000}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 32
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 10
+init = "xavier"
+)");
+  g_setup = setup;
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, OpIndex("layers.0.out")), 32 * 32 * 2);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.0.out", 20, 5, 2 * 180 + 1},
+      {LieKind::kTile, "layers.0.out", 3, 40, 2 * 259},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "first-layer 32 x 32 max-pool over 1 x 32 x 2000");
+}
+
 // A 2 x 2 max-pool over 2 x 400 x 30 (narrow images; 200 x 15 outputs, 3,000 a plane): a tile
 // across two planes read every row of both (3,072,000 bytes of values); it reads its windows'
 // columns as over a wide image instead. A lie at tile 93 (channel 0's outputs 2976..2999, channel
@@ -1479,14 +1508,15 @@ kernel = 2
 
 // A 16 x 16 max-pool of stride 8 over 2 x 40 x 601 (4 x 74 outputs a plane, overlapping windows):
 // an input-gradient tile read the windows of every output reaching its 32 inputs, whole (290,816
-// bytes of values), and the tile plan refused the pool. Its tile is now a chain over those
-// outputs, one output's window a block (engine TileRulePoolChainBlockOf: 2 runs x 2 output rows x
-// 6 outputs, 24 blocks; the partial, the tile's accumulators): a lie at tile 376 (channel 0's row
-// 20, columns 12..43: output rows 1 and 2 by outputs 0..5), block 7 (output (0, 2, 1)), one at
-// tile 18 (row 0's columns 576..600 and row 1's 0..6), block 12 (the second run's one output,
-// (0, 0, 0)), and one at tile 751 (channel 0's last row and channel 1's first), block 13 (output
-// (1, 0, 1)), are each ruled from one output's dout and its 16 window rows.
-TEST(TileDisputeTest, AMaxPoolsInputGradientPastTheBoundIsRuledFromOneOutputsWindow) {
+// bytes of values), and the tile plan refused the pool. Its tile is a chain over those outputs, a
+// group of 3 consecutive outputs of a row a block (engine TileRulePoolChainBlockOf: 2 runs x 2
+// output rows x 2 groups, 8 blocks; one output a block made 24; the partial, the tile's
+// accumulators): a lie at tile 376 (channel 0's row 20, columns 12..43: output rows 1 and 2 by
+// outputs 0..5), block 2 (outputs (0, 2, 0..2)), one at tile 18 (row 0's columns 576..600 and row
+// 1's 0..6), block 4 (the second run's first group, output (0, 0, 0) alone), and one at tile 751
+// (channel 0's last row and channel 1's first), block 4 (outputs (1, 0, 0..2)), are each ruled
+// from a group's dout and its windows' 16 rows.
+TEST(TileDisputeTest, AMaxPoolsInputGradientPastTheBoundIsRuledFromAGroupOfOutputsWindows) {
   static const auto* setup = ConvAfterReluSetup({2, 40, 601}, R"([[model.layers]]
 kind = "maxpool2d"
 kernel = 16
@@ -1495,13 +1525,37 @@ stride = 8
   g_setup = setup;
   const int64_t j = OpIndex("layers.1.in.grad");
   ASSERT_TRUE(Context().plan.ops[static_cast<size_t>(j)].window_chain);
-  ASSERT_EQ(engine::ReductionBlocks(Context().plan, j), 24);
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, j), 8);
   const std::vector<Lie> lies = {
-      {LieKind::kTile, "layers.1.in.grad", 9, 20 * 601 + 20, 7},
-      {LieKind::kTile, "layers.1.in.grad", 9, 601 + 3, 12},
-      {LieKind::kTile, "layers.1.in.grad", 5, 40 * 601 + 10, 13},
+      {LieKind::kTile, "layers.1.in.grad", 9, 20 * 601 + 20, 2},
+      {LieKind::kTile, "layers.1.in.grad", 9, 601 + 3, 4},
+      {LieKind::kTile, "layers.1.in.grad", 5, 40 * 601 + 10, 4},
   };
   ExpectTheHonestSideWinsAtEveryTile(lies, "16 x 16 max-pool's input gradient over 2 x 40 x 601");
+}
+
+// apps/meshlearn task_cli_test's pool, 16 x 16 of stride 1 over 4 x 64 x 64 (49 x 49 outputs a
+// plane): its input gradient's chain was one output a block, 752 of them (one run a tile, 16
+// output rows x 47 outputs reaching it: 10 turns of bisecting the blocks); a block is now 18
+// consecutive outputs of a row (their dout in 2 tiles, their windows' 16 rows of 33 columns in 2
+// tiles each, the partial's: 35 tiles at the worst alignment), 16 rows x 3 groups, 48 blocks (6
+// turns). A lie at tile 61 (channel 0's row 30, columns 32..63), block 7 x 3 + 1 (output row 7
+// of those reaching it, its outputs 18 to 31), is ruled for the honest side in both roles.
+TEST(TileDisputeTest, AMaxPoolsInputGradientChainOfGroupsOfOutputsTakesFewerTurns) {
+  static const auto* setup = ConvAfterReluSetup({4, 64, 64}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 16
+stride = 1
+)");
+  g_setup = setup;
+  const int64_t j = OpIndex("layers.1.in.grad");
+  ASSERT_TRUE(Context().plan.ops[static_cast<size_t>(j)].window_chain);
+  ASSERT_EQ(engine::ReductionBlocks(Context().plan, j), 48);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.1.in.grad", 5, 30 * 64 + 40, 7 * 3 + 1},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies,
+                                     "16 x 16 stride-1 max-pool's input gradient over 4 x 64 x 64");
 }
 
 // A 32 x 32 max-pool of stride 16 over 2 x 80 x 601: one output's window alone (32 rows of two
