@@ -174,9 +174,9 @@ TEST(TaskCli, DryRunRunsTheLedgersChecksAndDefaultsCheckpointInterval) {
 // whose input gradient read whole 16 x 16 windows of stride 1 over 4 x 64 x 64, and one whose single
 // 32 x 32 window passed the bound, were refused at submission; the plan now reads a max-pool's
 // input gradient as a chain over its outputs and a window past 29 rows in chunks of its rows, so
-// both are accepted. (The plan's refusal, naming the layer and the limit, is left for a first
-// layer's window over more chunks of its examples than a witness holds, which Fashion-MNIST's
-// 28 x 28 cannot make: engine TileRuleConvTest.AMaxPoolOfAnyWindowOverActivationsIsPlannedUnder
+// both are accepted. (A first layer's window over more chunks of its examples than a witness
+// holds, which Fashion-MNIST's 28 x 28 cannot make, was the plan's last refusal; it is now read in
+// chunks of its rows: engine TileRuleConvTest.AMaxPoolOfAnyWindowOverActivationsIsPlannedUnder
 // TheBound.)
 TEST(TaskCli, DryRunAcceptsAMaxPoolOfAnyWindow) {
   if (!HaveFashion()) GTEST_SKIP() << "Fashion-MNIST not installed";

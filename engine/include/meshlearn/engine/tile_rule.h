@@ -210,13 +210,16 @@
 //                                   on the fashion CNN; where that passes the bound
 //                                   (TileOp::window_chain) NARROWED into a chain over the outputs
 //                                   reaching the tile, each input row run's outputs in increasing
-//                                   (oh, ow), one output's window a block: dout of it (one
-//                                   tile) and its k rows' window columns (the partial: the
-//                                   tile's accumulators); a window past 29 rows (its one
-//                                   output's 2 tiles a row pass the bound), forward or input
-//                                   gradient, in chunks of 20 rows (13 past 33), the partial
-//                                   carrying the running maximum (and, for the gradient, its
-//                                   index in the window);
+//                                   (oh, ow), a group of consecutive outputs of a row (or whole
+//                                   rows) a block, within 48 tiles: their dout and their k rows'
+//                                   window columns (the partial: the tile's accumulators; one
+//                                   output a block where two pass 48 tiles); a window past 29
+//                                   rows (its one output's 2 tiles a row pass the bound),
+//                                   forward or input gradient, in chunks of 20 rows (13 past
+//                                   33), the partial carrying the running maximum (and, for the
+//                                   gradient, its index in the window); a first layer's window
+//                                   spanning more of its examples' 1,024-float chunks than a
+//                                   witness holds, in chunks of rows within 40 chunks;
 //   dropout out[r, c], dX[r, c]     the same elements of its input (of the output gradient), and
 //                                   the mask, which is not an input: the recompute draws each
 //                                   element's mask from its position in the micro-batch's tensor
@@ -396,9 +399,9 @@ struct TileOp {
   // A max-pool's input gradient (kTileOpMaxPoolInputGrad) whose whole tile would read past the
   // 240 KiB of values a witness carries (the windows of every output reaching it: a 16 x 16
   // window of stride 8 over 601-wide rows, 290,816 bytes): PlanStepTiles sets it, and the tile is
-  // NARROWED into a chain over the outputs reaching it, one output's window a block (the kernel's
-  // dinp[argmax] += dout in increasing output order; the partial: the tile's accumulators), in
-  // chunks of its rows past 29.
+  // NARROWED into a chain over the outputs reaching it, a group of consecutive outputs a block
+  // (the kernel's dinp[argmax] += dout in increasing output order; the partial: the tile's
+  // accumulators), one output in chunks of its rows past 29.
   bool window_chain = false;
 };
 
@@ -472,7 +475,7 @@ Result<TilePlan> PlanStageStepTiles(const ModelSpec& model, const OptimizerSpec&
 // gradient 4 output channels a block, its dW and db a row block of kTileRows over an
 // output-channel group a block; a conv2d forward or max-pool over wide images whose tile reads
 // too much: its tile in pieces of output segments (a max-pool's piece one block); a max-pool
-// input gradient with TileOp::window_chain: one output reaching the tile a block; att and atty
+// input gradient with TileOp::window_chain: a group of the outputs reaching the tile a block; att and atty
 // above T = 256: 2 nb + 1 and nb blocks of 32 positions (nb = T / 32, rounded up); `encoded` of
 // a vocabulary above 1024: wte's rows in blocks of 1024, each setting its tokens' rows;
 // grad_norm.blocks: kTileFlat, one partial a block, those past a short last tile's end changing
