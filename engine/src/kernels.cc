@@ -55,6 +55,25 @@ void LinearBackwardOverwrite(float* dinp, float* dweight, float* dbias, const fl
   CHECK(dinp != nullptr) << "LinearBackwardOverwrite: dinp is written, it may not be null";
   ActiveKernelTable().linear_backward_overwrite(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
 }
+void LinearGeluForward(float* out, float* out_gelu, const float* inp, const float* weight,
+                       const float* bias, int64_t B, int64_t C, int64_t OC) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().linear_gelu_forward(out, out_gelu, inp, weight, bias, B, C, OC);
+}
+void LinearResidualForward(float* out, float* sum, const float* inp, const float* weight,
+                           const float* bias, const float* residual, int64_t B, int64_t C,
+                           int64_t OC) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().linear_residual_forward(out, sum, inp, weight, bias, residual, B, C, OC);
+}
+void LinearGeluBackward(float* dinp, float* dgelu, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* pre, int64_t B,
+                        int64_t C, int64_t OC) {
+  internal::FpEnvGuard fp_guard;
+  CHECK(dinp != nullptr) << "LinearGeluBackward: dinp is written, it may not be null";
+  ActiveKernelTable().linear_gelu_backward(dinp, dgelu, dweight, dbias, dout, inp, weight, pre, B,
+                                           C, OC);
+}
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
@@ -181,6 +200,10 @@ void ResidualForward(float* out, const float* a, const float* b, int64_t n) {
 void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().residual_backward(da, db, dout, n);
+}
+void ResidualBackwardOverwrite(float* da, float* db, const float* dout, int64_t n) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().residual_backward_overwrite(da, db, dout, n);
 }
 void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed,
                     uint64_t stream) {

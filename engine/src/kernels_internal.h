@@ -25,6 +25,12 @@ struct KernelTable {
                                int64_t, int64_t, int64_t);
   void (*linear_backward_overwrite)(float*, float*, float*, const float*, const float*,
                                     const float*, int64_t, int64_t, int64_t);
+  void (*linear_gelu_forward)(float*, float*, const float*, const float*, const float*, int64_t,
+                              int64_t, int64_t);
+  void (*linear_residual_forward)(float*, float*, const float*, const float*, const float*,
+                                  const float*, int64_t, int64_t, int64_t);
+  void (*linear_gelu_backward)(float*, float*, float*, float*, const float*, const float*,
+                               const float*, const float*, int64_t, int64_t, int64_t);
   void (*conv2d_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*conv2d_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,
@@ -58,6 +64,7 @@ struct KernelTable {
                              int64_t, int64_t, int64_t, int64_t);
   void (*residual_forward)(float*, const float*, const float*, int64_t);
   void (*residual_backward)(float*, float*, const float*, int64_t);
+  void (*residual_backward_overwrite)(float*, float*, const float*, int64_t);
   void (*dropout_forward)(float*, float*, const float*, int64_t, float, uint64_t, uint64_t);
   void (*dropout_backward)(float*, const float*, const float*, int64_t);
   void (*adamw_update)(float*, float*, float*, float*, int64_t, const AdamWStep&);
