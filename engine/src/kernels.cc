@@ -55,25 +55,6 @@ void LinearBackwardOverwrite(float* dinp, float* dweight, float* dbias, const fl
   CHECK(dinp != nullptr) << "LinearBackwardOverwrite: dinp is written, it may not be null";
   ActiveKernelTable().linear_backward_overwrite(dinp, dweight, dbias, dout, inp, weight, B, C, OC);
 }
-void LinearGeluForward(float* out, float* out_gelu, const float* inp, const float* weight,
-                       const float* bias, int64_t B, int64_t C, int64_t OC) {
-  internal::FpEnvGuard fp_guard;
-  ActiveKernelTable().linear_gelu_forward(out, out_gelu, inp, weight, bias, B, C, OC);
-}
-void LinearResidualForward(float* out, float* sum, const float* inp, const float* weight,
-                           const float* bias, const float* residual, int64_t B, int64_t C,
-                           int64_t OC) {
-  internal::FpEnvGuard fp_guard;
-  ActiveKernelTable().linear_residual_forward(out, sum, inp, weight, bias, residual, B, C, OC);
-}
-void LinearGeluBackward(float* dinp, float* dgelu, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* pre, int64_t B,
-                        int64_t C, int64_t OC) {
-  internal::FpEnvGuard fp_guard;
-  CHECK(dinp != nullptr) << "LinearGeluBackward: dinp is written, it may not be null";
-  ActiveKernelTable().linear_gelu_backward(dinp, dgelu, dweight, dbias, dout, inp, weight, pre, B,
-                                           C, OC);
-}
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
@@ -146,6 +127,10 @@ void GeluForward(float* out, const float* inp, int64_t n) {
 void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().gelu_backward(dinp, dout, inp, n);
+}
+void GeluBackwardOverwrite(float* dinp, const float* dout, const float* inp, int64_t n) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().gelu_backward_overwrite(dinp, dout, inp, n);
 }
 float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,
                                  const int32_t* targets, int64_t B, int64_t V) {

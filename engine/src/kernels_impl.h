@@ -50,22 +50,6 @@ inline constexpr int64_t kPrefetchK = 24;
 inline float ScalarFma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// GeluForward's value and GeluBackward's local gradient of x (one definition: the element-wise
-// kernels and the GEMM epilogues that fuse them compute the same expressions).
-inline Vf GeluValue(Vf x) {
-  const Vf cube = (x * x) * x;
-  const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
-  return (Set1(0.5f) * x) * (Set1(1.0f) + TanhV(inner));
-}
-inline Vf GeluGrad(Vf x) {
-  const Vf cube = (x * x) * x;
-  const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
-  const Vf t = TanhV(inner);
-  const Vf sech2 = Set1(1.0f) - t * t;
-  return Set1(0.5f) * (Set1(1.0f) + t) +
-         (((Set1(0.5f) * x) * sech2) * Set1(kGeluK0)) * (Set1(1.0f) + (Set1(kGelu3K1) * x) * x);
-}
-
 // ---- GEMM ------------------------------------------------------------------------------------
 
 struct GemmOut {
@@ -91,16 +75,6 @@ struct GemmOut {
   // terms k > m at the end of the chain; kCausalFrom over k >= (its micro-panel's first row)
   // only, dropping terms k < m at the start of the chain.
   int causal = 0;
-  // The GPT MLP's element-wise ops fused into the epilogue, each on the value v stored to c (the
-  // same offset m * ldc + n in every array named here; see LinearGeluForward and friends):
-  // gelu_out = GeluValue(v); add_out = add_in + v (ResidualForward's order); with gelu_pre, v
-  // itself goes to keep_out (unless null) and c = 0 + GeluGrad(gelu_pre) * v (GeluBackward into
-  // a zeroed buffer).
-  float* gelu_out = nullptr;
-  const float* add_in = nullptr;
-  float* add_out = nullptr;
-  const float* gelu_pre = nullptr;
-  float* keep_out = nullptr;
 };
 inline constexpr int kCausalTiles = 1;
 inline constexpr int kCausalUpTo = 2;
@@ -125,32 +99,6 @@ inline void MicroKernel(int64_t kc, const float* __restrict pa, const float* __r
     }
     pa += kMR;
     pb += kNR;
-  }
-}
-
-// The GPT MLP's fused element-wise ops (GemmOut::gelu_out, add_out, gelu_pre) on a tile the
-// epilogue has just stored (mr x nr at c, in L1): a loop of its own, not unrolled into TileImpl's
-// epilogue (unrolled there, the GELU's code outgrew the instruction cache and the step ran ~2%
-// slower than with separate passes).
-__attribute__((noinline)) inline void FusedTileOps(const GemmOut& o, float* c, int mr, int nr) {
-#pragma GCC unroll 1
-  for (int r = 0; r < mr; ++r) {
-#pragma GCC unroll 1
-    for (int j = 0; j < nr; j += kW) {
-      const int nv = static_cast<int>(MinI(kW, nr - j));
-      float* p = c + r * o.ldc + j;
-      const int64_t off = p - o.c;
-      Vf v = LoadPartial(p, nv);
-      if (o.gelu_pre != nullptr) {
-        if (o.keep_out != nullptr) StorePartial(o.keep_out + off, v, nv);
-        v = Zero() + GeluGrad(LoadPartial(o.gelu_pre + off, nv)) * v;
-        StorePartial(p, v, nv);
-      }
-      if (o.gelu_out != nullptr) StorePartial(o.gelu_out + off, GeluValue(v), nv);
-      if (o.add_out != nullptr) {
-        StorePartial(o.add_out + off, LoadPartial(o.add_in + off, nv) + v, nv);
-      }
-    }
   }
 }
 
@@ -224,9 +172,6 @@ inline void TileImpl(int64_t kc, const float* pa, const float* pb, int mr, int n
           StorePartial(p, v, nv);
         }
       }
-    }
-    if (o.gelu_out != nullptr || o.add_out != nullptr || o.gelu_pre != nullptr) {
-      FusedTileOps(o, c, mr, nr);
     }
   } else {
 #pragma GCC unroll 16
@@ -583,12 +528,11 @@ struct StridedB {
 
 // ---- Linear ----------------------------------------------------------------------------------
 
-// LinearForward, and with relu LinearReluForward; `epilogue` names the fused GELU or residual
-// add's arrays (LinearGeluForward, LinearResidualForward).
+// LinearForward, and with relu LinearReluForward.
 void LinearForwardImpl(float* out, const float* inp, const float* weight, const float* bias,
-                       int64_t B, int64_t C, int64_t OC, bool relu, const GemmOut& epilogue = {}) {
+                       int64_t B, int64_t C, int64_t OC, bool relu) {
   // out[b,o] = chain over c of fma(inp[b,c], weight[o,c]) from bias[o]: A = inp, B = weight^T.
-  GemmOut o = epilogue;
+  GemmOut o;
   o.c = out;
   o.ldc = OC;
   o.bias_col = bias;
@@ -606,34 +550,15 @@ void LinearReluForward(float* out, const float* inp, const float* weight, const 
   LinearForwardImpl(out, inp, weight, bias, B, C, OC, /*relu=*/true);
 }
 
-void LinearGeluForward(float* out, float* out_gelu, const float* inp, const float* weight,
-                       const float* bias, int64_t B, int64_t C, int64_t OC) {
-  GemmOut e;
-  e.gelu_out = out_gelu;
-  LinearForwardImpl(out, inp, weight, bias, B, C, OC, /*relu=*/false, e);
-}
-
-void LinearResidualForward(float* out, float* sum, const float* inp, const float* weight,
-                           const float* bias, const float* residual, int64_t B, int64_t C,
-                           int64_t OC) {
-  GemmOut e;
-  e.add_in = residual;
-  e.add_out = sum;
-  LinearForwardImpl(out, inp, weight, bias, B, C, OC, /*relu=*/false, e);
-}
-
 // How a backward kernel stores its input gradient: added to dinp (the accumulating kernels),
-// written as 0 + chain (the ...Overwrite kernels), written through the ReLU mask of the layer's
-// input (LinearReluBackward), or through the GELU's backward (LinearGeluBackward: gelu_pre is the
-// GELU's input, and 0 + chain also goes to gelu_keep unless it is null).
-enum class DinpStore { kAdd, kWrite, kWriteRelu, kWriteGelu };
+// written as 0 + chain (the ...Overwrite kernels), or written through the ReLU mask of the layer's
+// input (LinearReluBackward).
+enum class DinpStore { kAdd, kWrite, kWriteRelu };
 
-// LinearBackward, LinearBackwardOverwrite, LinearReluBackward and LinearGeluBackward, by how dinp
-// is stored.
+// LinearBackward, LinearBackwardOverwrite and LinearReluBackward, by how dinp is stored.
 void LinearBackwardImpl(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC,
-                        DinpStore store, const float* gelu_pre = nullptr,
-                        float* gelu_keep = nullptr) {
+                        DinpStore store) {
   const int threads = internal::ActiveThreads();
   // dinp[b,c] += chain over o of fma(dout[b,o], weight[o,c]); written as 0 + chain, or through
   // the ReLU as inp[b,c] > 0 ? 0 + chain : 0.
@@ -642,12 +567,8 @@ void LinearBackwardImpl(float* dinp, float* dweight, float* dbias, const float* 
     o.c = dinp;
     o.ldc = C;
     o.accumulate = store == DinpStore::kAdd;
-    o.plus_zero = store == DinpStore::kWrite || store == DinpStore::kWriteGelu;
+    o.plus_zero = store == DinpStore::kWrite;
     o.relu_mask = store == DinpStore::kWriteRelu ? inp : nullptr;
-    if (store == DinpStore::kWriteGelu) {
-      o.gelu_pre = gelu_pre;
-      o.keep_out = gelu_keep;
-    }
     Gemm(B, C, OC, StridedA{dout, OC, 1}, StridedB{weight, C, 1}, o, t);
   };
   // dweight[o,c] += chain over b of fma(dout[b,o], inp[b,c]).
@@ -722,13 +643,6 @@ void LinearBackwardOverwrite(float* dinp, float* dweight, float* dbias, const fl
 void LinearReluBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, int64_t B, int64_t C, int64_t OC) {
   LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, DinpStore::kWriteRelu);
-}
-
-void LinearGeluBackward(float* dinp, float* dgelu, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* pre, int64_t B,
-                        int64_t C, int64_t OC) {
-  LinearBackwardImpl(dinp, dweight, dbias, dout, inp, weight, B, C, OC, DinpStore::kWriteGelu, pre,
-                     dgelu);
 }
 
 // ---- Conv2d (implicit GEMM) --------------------------------------------------------------------
@@ -1489,11 +1403,24 @@ void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
       kReluMinParallel);
 }
 
+// GeluBackward's local gradient of x (GeluBackward and GeluBackwardOverwrite).
+inline Vf GeluGrad(Vf x) {
+  const Vf cube = (x * x) * x;
+  const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
+  const Vf t = TanhV(inner);
+  const Vf sech2 = Set1(1.0f) - t * t;
+  return Set1(0.5f) * (Set1(1.0f) + t) +
+         (((Set1(0.5f) * x) * sech2) * Set1(kGeluK0)) * (Set1(1.0f) + (Set1(kGelu3K1) * x) * x);
+}
+
 void GeluForward(float* out, const float* inp, int64_t n) {
   ForEachVec(
       n,
       [&](int64_t i, int nv) {
-        StorePartial(out + i, GeluValue(LoadPartial(inp + i, nv)), nv);
+        const Vf x = LoadPartial(inp + i, nv);
+        const Vf cube = (x * x) * x;
+        const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
+        StorePartial(out + i, (Set1(0.5f) * x) * (Set1(1.0f) + TanhV(inner)), nv);
       },
       int64_t{1} << 14);
 }
@@ -1503,6 +1430,15 @@ void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
       [&](int64_t i, int nv) {
         const Vf grad = GeluGrad(LoadPartial(inp + i, nv));
         StorePartial(dinp + i, LoadPartial(dinp + i, nv) + grad * LoadPartial(dout + i, nv), nv);
+      },
+      int64_t{1} << 14);
+}
+void GeluBackwardOverwrite(float* dinp, const float* dout, const float* inp, int64_t n) {
+  ForEachVec(
+      n,
+      [&](int64_t i, int nv) {
+        const Vf grad = GeluGrad(LoadPartial(inp + i, nv));
+        StorePartial(dinp + i, Zero() + grad * LoadPartial(dout + i, nv), nv);
       },
       int64_t{1} << 14);
 }
@@ -2170,9 +2106,6 @@ inline internal::KernelTable MakeTable() {
   t.linear_relu_forward = &LinearReluForward;
   t.linear_relu_backward = &LinearReluBackward;
   t.linear_backward_overwrite = &LinearBackwardOverwrite;
-  t.linear_gelu_forward = &LinearGeluForward;
-  t.linear_residual_forward = &LinearResidualForward;
-  t.linear_gelu_backward = &LinearGeluBackward;
   t.conv2d_forward = &Conv2dForward;
   t.conv2d_backward = &Conv2dBackward;
   t.conv2d_backward_overwrite = &Conv2dBackwardOverwrite;
@@ -2184,6 +2117,7 @@ inline internal::KernelTable MakeTable() {
   t.relu_backward = &ReluBackward;
   t.gelu_forward = &GeluForward;
   t.gelu_backward = &GeluBackward;
+  t.gelu_backward_overwrite = &GeluBackwardOverwrite;
   t.softmax_ce_forward = &SoftmaxCrossEntropyForward;
   t.softmax_ce_backward = &SoftmaxCrossEntropyBackward;
   t.layernorm_forward = &LayerNormForward;

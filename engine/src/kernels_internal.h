@@ -25,12 +25,6 @@ struct KernelTable {
                                int64_t, int64_t, int64_t);
   void (*linear_backward_overwrite)(float*, float*, float*, const float*, const float*,
                                     const float*, int64_t, int64_t, int64_t);
-  void (*linear_gelu_forward)(float*, float*, const float*, const float*, const float*, int64_t,
-                              int64_t, int64_t);
-  void (*linear_residual_forward)(float*, float*, const float*, const float*, const float*,
-                                  const float*, int64_t, int64_t, int64_t);
-  void (*linear_gelu_backward)(float*, float*, float*, float*, const float*, const float*,
-                               const float*, const float*, int64_t, int64_t, int64_t);
   void (*conv2d_forward)(float*, const float*, const float*, const float*, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
   void (*conv2d_backward)(float*, float*, float*, const float*, const float*, const float*, int64_t,
@@ -50,6 +44,7 @@ struct KernelTable {
   void (*relu_backward)(float*, const float*, const float*, int64_t);
   void (*gelu_forward)(float*, const float*, int64_t);
   void (*gelu_backward)(float*, const float*, const float*, int64_t);
+  void (*gelu_backward_overwrite)(float*, const float*, const float*, int64_t);
   float (*softmax_ce_forward)(float*, float*, const float*, const int32_t*, int64_t, int64_t);
   void (*softmax_ce_backward)(float*, const float*, const int32_t*, float, int64_t, int64_t);
   void (*layernorm_forward)(float*, float*, float*, const float*, const float*, const float*,

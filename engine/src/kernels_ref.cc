@@ -128,30 +128,6 @@ void Conv2dBackwardOverwrite(float* dinp, float* dweight, float* dbias, const fl
   Conv2dBackward(dinp, dweight, dbias, dout, inp, weight, B, C, H, W, OC, KH, KW, stride, pad);
 }
 
-// The fused kernels of the GPT's MLP are specified as the ops they fuse.
-void LinearGeluForward(float* out, float* out_gelu, const float* inp, const float* weight,
-                       const float* bias, int64_t B, int64_t C, int64_t OC) {
-  LinearForward(out, inp, weight, bias, B, C, OC);
-  GeluForward(out_gelu, out, B * OC);
-}
-
-void LinearResidualForward(float* out, float* sum, const float* inp, const float* weight,
-                           const float* bias, const float* residual, int64_t B, int64_t C,
-                           int64_t OC) {
-  LinearForward(out, inp, weight, bias, B, C, OC);
-  ResidualForward(sum, residual, out, B * OC);
-}
-
-void LinearGeluBackward(float* dinp, float* dgelu, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* pre, int64_t B,
-                        int64_t C, int64_t OC) {
-  std::vector<float> g(static_cast<size_t>(B * C), 0.0f);
-  LinearBackward(g.data(), dweight, dbias, dout, inp, weight, B, C, OC);
-  if (dgelu != nullptr) std::copy(g.begin(), g.end(), dgelu);
-  std::fill(dinp, dinp + B * C, 0.0f);
-  GeluBackward(dinp, g.data(), pre, B * C);
-}
-
 void Conv2dForward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
                    int64_t C, int64_t H, int64_t W, int64_t OC, int64_t KH, int64_t KW,
                    int64_t stride, int64_t pad) {
@@ -316,6 +292,12 @@ void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
     float grad = 0.5f * (1.0f + t) + (((0.5f * x) * sech2) * kGeluK0) * (1.0f + (kGelu3K1 * x) * x);
     dinp[i] = dinp[i] + grad * dout[i];
   }
+}
+// The kernels that write an input gradient are specified as the accumulating kernel into a zeroed
+// buffer.
+void GeluBackwardOverwrite(float* dinp, const float* dout, const float* inp, int64_t n) {
+  std::fill(dinp, dinp + n, 0.0f);
+  GeluBackward(dinp, dout, inp, n);
 }
 
 float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,
@@ -528,14 +510,13 @@ void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
   }
 }
 void ResidualBackwardOverwrite(float* da, float* db, const float* dout, int64_t n) {
-  internal::FpEnvGuard fp_guard;
-  for (int64_t i = 0; i < n; ++i) {
-    da[i] = 0.0f;
-    da[i] += dout[i];
-    if (db != nullptr) {
-      db[i] = 0.0f;
-      db[i] += dout[i];
-    }
+  std::fill(da, da + n, 0.0f);
+  if (db == nullptr) {
+    std::vector<float> unused(static_cast<size_t>(n), 0.0f);
+    ResidualBackward(da, unused.data(), dout, n);
+  } else {
+    std::fill(db, db + n, 0.0f);
+    ResidualBackward(da, db, dout, n);
   }
 }
 

@@ -214,68 +214,22 @@ TEST(KernelsTest, BackwardOverwrite) {
   }
 }
 
-// The GPT MLP's fused kernels against the reference (the ops they fuse): the GELU and the
-// residual add in LinearForward's epilogue, the GELU's backward in the input-gradient GEMM's
-// (with and without the kept GELU output gradient, with and without the parameter gradients).
-// K past the GEMM's k block (running partials in the output) and below it, edge tiles, and GELU
-// inputs at its edges (+-0, large, tiny); outputs start with garbage. Then chains that round to
-// -0, which the reference turns into +0 before the GELU's backward.
-TEST(KernelsTest, GptMlpFused) {
-  for (LinearShape s : {LinearShape{1, 1, 1}, LinearShape{13, 37, 29}, LinearShape{33, 300, 65},
-                        LinearShape{70, 19, 130}, LinearShape{130, 257, 300},
-                        LinearShape{40, 600, 97}}) {
-    auto inp = RandomVec(s.B * s.C, 91, -3.0f, 3.0f), w = RandomVec(s.OC * s.C, 92);
-    auto bias = RandomVec(s.OC, 93), residual = RandomVec(s.B * s.OC, 94);
-    auto dout = RandomVec(s.B * s.OC, 95);
-    auto pre = RandomVec(s.B * s.C, 96, -4.0f, 4.0f);
-    const float edges[] = {0.0f, -0.0f, 12.0f, -12.0f, 1e-30f, -1e-30f, 5e3f, -5e3f};
-    for (size_t i = 0; i < pre.size(); i += 7) pre[i] = edges[(i / 7) % 8];
-    for (bool with_bias : {true, false}) {
-      ExpectFastEqualsRef("LinearGeluForward", [&](bool fast) {
-        auto out = RandomVec(s.B * s.OC, 97), out_gelu = RandomVec(s.B * s.OC, 98);
-        KERNEL(fast, LinearGeluForward)
-        (out.data(), out_gelu.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, s.B,
-         s.C, s.OC);
-        return Outputs{out, out_gelu};
-      });
-      ExpectFastEqualsRef("LinearResidualForward", [&](bool fast) {
-        auto out = RandomVec(s.B * s.OC, 99), sum = RandomVec(s.B * s.OC, 100);
-        KERNEL(fast, LinearResidualForward)
-        (out.data(), sum.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr,
-         residual.data(), s.B, s.C, s.OC);
-        return Outputs{out, sum};
-      });
-    }
-    for (bool with_params : {true, false}) {
-      for (bool keep : {true, false}) {
-        ExpectFastEqualsRef("LinearGeluBackward", [&](bool fast) {
-          auto dinp = RandomVec(s.B * s.C, 101), dgelu = RandomVec(s.B * s.C, 102);
-          auto dw = RandomVec(s.OC * s.C, 103), db = RandomVec(s.OC, 104);
-          KERNEL(fast, LinearGeluBackward)
-          (dinp.data(), keep ? dgelu.data() : nullptr, with_params ? dw.data() : nullptr,
-           with_params ? db.data() : nullptr, dout.data(), inp.data(), w.data(), pre.data(), s.B,
-           s.C, s.OC);
-          return Outputs{dinp, dgelu, dw, db};
-        });
-      }
-    }
-  }
-  {
-    const int64_t B = 5, C = 20, OC = 300;
-    auto inp = RandomVec(B * C, 105), pre = RandomVec(B * C, 106);
-    const std::vector<float> w(OC * C, 1e-20f), dout(B * OC, -1e-30f);
-    ExpectFastEqualsRef("LinearGeluBackward, -0 chains", [&](bool fast) {
-      auto dinp = RandomVec(B * C, 107), dgelu = RandomVec(B * C, 108);
-      KERNEL(fast, LinearGeluBackward)
-      (dinp.data(), dgelu.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), pre.data(),
-       B, C, OC);
-      for (float x : dgelu) EXPECT_TRUE(x == 0.0f && !std::signbit(x)) << x;
-      return Outputs{dinp, dgelu};
-    });
-  }
+// The element-wise backward kernels that write their input gradient (0 + ...) instead of adding
+// it, against the reference (the accumulating kernel into a zeroed buffer): outputs start with
+// garbage, lengths around the vector width and past the threading threshold, GELU inputs at its
+// edges (+-0, large, tiny) and gradients of -0 (written as +0).
+TEST(KernelsTest, ElementwiseBackwardOverwrite) {
+  const float edges[] = {0.0f, -0.0f, 12.0f, -12.0f, 1e-30f, -1e-30f, 5e3f, -5e3f};
   for (int64_t n : {1, 15, 16, 17, 1000, 70000}) {
     auto dout = RandomVec(n, 109);
     for (int64_t i = 0; i < n; i += 3) dout[i] = -0.0f;
+    auto inp = RandomVec(n, 112, -4.0f, 4.0f);
+    for (int64_t i = 0; i < n; i += 7) inp[i] = edges[(i / 7) % 8];
+    ExpectFastEqualsRef("GeluBackwardOverwrite", [&](bool fast) {
+      auto dinp = RandomVec(n, 113);
+      KERNEL(fast, GeluBackwardOverwrite)(dinp.data(), dout.data(), inp.data(), n);
+      return Outputs{dinp};
+    });
     for (bool with_db : {true, false}) {
       ExpectFastEqualsRef("ResidualBackwardOverwrite", [&](bool fast) {
         auto da = RandomVec(n, 110), db = RandomVec(n, 111);

@@ -881,13 +881,13 @@ class GptModel final : public Model {
       LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, P(l, 0), P(l, 1), N, C);
       LinearForward(a.qkv, a.ln1, P(l, 2), P(l, 3), N, C, 3 * C);
       AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, T, C, NH);
-      // The residual adds and the GELU run in the epilogues of the GEMMs before them (the same
-      // bits as LinearForward and then ResidualForward or GeluForward; no second pass).
-      LinearResidualForward(a.attproj, a.residual2, a.atty, P(l, 4), P(l, 5), residual, N, C, C);
+      LinearForward(a.attproj, a.atty, P(l, 4), P(l, 5), N, C, C);
+      ResidualForward(a.residual2, residual, a.attproj, N * C);
       LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P(l, 6), P(l, 7), N, C);
-      LinearGeluForward(a.fch, a.fch_gelu, a.ln2, P(l, 8), P(l, 9), N, C, 4 * C);
-      LinearResidualForward(a.fcproj, a.residual3, a.fch_gelu, P(l, 10), P(l, 11), a.residual2, N,
-                            4 * C, C);
+      LinearForward(a.fch, a.ln2, P(l, 8), P(l, 9), N, C, 4 * C);
+      GeluForward(a.fch_gelu, a.fch, N * 4 * C);
+      LinearForward(a.fcproj, a.fch_gelu, P(l, 10), P(l, 11), N, 4 * C, C);
+      ResidualForward(a.residual3, a.residual2, a.fcproj, N * C);
       residual = a.residual3;
       if (trace_) {
         const std::string p = "h." + std::to_string(l) + ".";
@@ -980,9 +980,7 @@ class GptModel final : public Model {
     // and it alternates between two buffers. For code-gpt-10m at 8 x 256 tokens this keeps ~360
     // MB of the peak resident set that a copy per layer took.
     float* const buf_dresidual2 = alloc(N * C);
-    // The GELU's output gradient is kept only for the trace (LinearGeluBackward folds the GELU's
-    // backward into the fc projection's input-gradient GEMM).
-    float* const buf_dfch_gelu = trace_ ? alloc(N * 4 * C) : nullptr;
+    float* const buf_dfch_gelu = alloc(N * 4 * C);
     float* const buf_dfch = alloc(N * 4 * C);
     float* const buf_dln2 = alloc(N * C);
     float* const buf_dres_in[2] = {alloc(N * C), alloc(N * C)};
@@ -998,22 +996,23 @@ class GptModel final : public Model {
     for (int64_t l = part_.end; l-- > part_.begin;) {
       GptTape::Acts& a = tp.acts[static_cast<size_t>(l - part_.begin)];
       // residual3 = residual2 + fcproj: both gradients are 0 + dresidual (ResidualBackward into
-      // zeroed buffers), one buffer until LayerNormBackward adds into dresidual2 below, so the fc
-      // projection's backward reads dresidual2 as its output gradient.
+      // zeroed buffers, here written without zeroing), one buffer's bits until LayerNormBackward
+      // adds into dresidual2 below, so the fc projection's backward reads dresidual2.
       float* dresidual2 = buf_dresidual2;
       ResidualBackwardOverwrite(dresidual2, nullptr, dresidual, N * C);
-      // The linear layers' input gradients are written whole (0 + chain, the bits adding the
-      // chain to a zeroed buffer gives): no zeroing, and no scratch for the running partials.
-      // The GELU's backward runs in the fc projection's epilogue (dfch = 0 + grad * dfch_gelu).
+      // The linear layers' and the GELU's input gradients are written whole (0 + chain, the bits
+      // adding it to a zeroed buffer gives): no zeroing, and no scratch for running partials.
       float* dfch_gelu = buf_dfch_gelu;
+      LinearBackwardOverwrite(dfch_gelu, G(l, 10), G(l, 11), dresidual2, a.fch_gelu, P(l, 10), N,
+                              4 * C, C);
       float* dfch = buf_dfch;
-      LinearGeluBackward(dfch, dfch_gelu, G(l, 10), G(l, 11), dresidual2, a.fch_gelu, P(l, 10),
-                         a.fch, N, 4 * C, C);
+      GeluBackwardOverwrite(dfch, dfch_gelu, a.fch, N * 4 * C);
       float* dln2 = buf_dln2;
       LinearBackwardOverwrite(dln2, G(l, 8), G(l, 9), dfch, a.ln2, P(l, 8), N, C, 4 * C);
       LayerNormBackward(dresidual2, G(l, 6), G(l, 7), dln2, a.residual2, P(l, 6), a.ln2_mean,
                         a.ln2_rstd, N, C);
-      // residual2 = residual + attproj: as above, dattproj is dres_in until LayerNormBackward.
+      // residual2 = residual + attproj: as above, dattproj has dres_in's bits until
+      // LayerNormBackward adds into dres_in.
       float* dres_in = buf_dres_in[l % 2];
       ResidualBackwardOverwrite(dres_in, nullptr, dresidual2, N * C);
       float* datty = buf_datty;

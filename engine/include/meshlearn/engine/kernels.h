@@ -81,23 +81,6 @@ struct AdamWStep {
   void LinearBackwardOverwrite(float* dinp, float* dweight, float* dbias, const float* dout,      \
                                const float* inp, const float* weight, int64_t B, int64_t C,       \
                                int64_t OC);                                                       \
-  /* The GPT's MLP, fused where the GEMM writes each tile (no second pass over its output):     \
-     LinearGeluForward: out = LinearForward's result and out_gelu = GeluForward of it.            \
-     LinearResidualForward: out = LinearForward's result and sum = ResidualForward(residual, out) \
-     (residual(B,OC) + out, in that order).                                                       \
-     LinearGeluBackward: LinearBackward of a linear layer whose input inp(B,C) is GELU(pre),      \
-     pre(B,C), with the GELU's backward folded in: dinp(B,C) = GeluBackward into a zeroed buffer  \
-     (0 + grad(pre) * g) of g = what LinearBackwardOverwrite writes (0 + chain), which is also    \
-     written to dgelu unless it is null; dinp and dgelu need no zeroing; dweight and dbias        \
-     accumulate as in LinearBackward (either may be null). */                                     \
-  void LinearGeluForward(float* out, float* out_gelu, const float* inp, const float* weight,     \
-                         const float* bias, int64_t B, int64_t C, int64_t OC);                    \
-  void LinearResidualForward(float* out, float* sum, const float* inp, const float* weight,      \
-                             const float* bias, const float* residual, int64_t B, int64_t C,      \
-                             int64_t OC);                                                         \
-  void LinearGeluBackward(float* dinp, float* dgelu, float* dweight, float* dbias,                \
-                          const float* dout, const float* inp, const float* weight,               \
-                          const float* pre, int64_t B, int64_t C, int64_t OC);                    \
                                                                                                   \
   /* inp(B,C,H,W), weight(OC,C,KH,KW), bias(OC) -> out(B,OC,OH,OW); zero padding `pad`, stride.   \
      OH = (H + 2*pad - KH)/stride + 1. out = chain over (c,kh,kw) in that nesting order, from bias \
@@ -154,6 +137,9 @@ struct AdamWStep {
   /* GELU, tanh form: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))), tanh from math.h. */               \
   void GeluForward(float* out, const float* inp, int64_t n);                                      \
   void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n);                 \
+  /* GeluBackward into a zeroed buffer, written without reading it: dinp = 0 + grad * dout.      \
+     ResidualBackwardOverwrite likewise: da = 0 + dout, and db unless it is null. */              \
+  void GeluBackwardOverwrite(float* dinp, const float* dout, const float* inp, int64_t n);       \
                                                                                                   \
   /* logits(B,V), targets(B) in [0,V) -> probs(B,V), losses(B); returns mean loss (SumTree / B).  \
      Row max, then e = Exp(x-max) from math.h, row sum is a sequential chain over v, probs = e/sum, \
@@ -197,8 +183,6 @@ struct AdamWStep {
   /* out = a + b. Backward: da += dout, db += dout. */                                            \
   void ResidualForward(float* out, const float* a, const float* b, int64_t n);                   \
   void ResidualBackward(float* da, float* db, const float* dout, int64_t n);                     \
-  /* ResidualBackward into zeroed buffers, written without reading them: da = 0 + dout (-0       \
-     becomes +0), and db likewise unless it is null. */                                           \
   void ResidualBackwardOverwrite(float* da, float* db, const float* dout, int64_t n);            \
                                                                                                   \
   /* Inverted dropout with probability p: keep element i iff                                      \
