@@ -128,6 +128,10 @@ void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().gelu_backward(dinp, dout, inp, n);
 }
+void GeluBackwardOverwrite(float* dinp, const float* dout, const float* inp, int64_t n) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().gelu_backward_overwrite(dinp, dout, inp, n);
+}
 float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,
                                  const int32_t* targets, int64_t B, int64_t V) {
   internal::FpEnvGuard fp_guard;
@@ -181,6 +185,10 @@ void ResidualForward(float* out, const float* a, const float* b, int64_t n) {
 void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
   internal::FpEnvGuard fp_guard;
   ActiveKernelTable().residual_backward(da, db, dout, n);
+}
+void ResidualBackwardOverwrite(float* da, float* db, const float* dout, int64_t n) {
+  internal::FpEnvGuard fp_guard;
+  ActiveKernelTable().residual_backward_overwrite(da, db, dout, n);
 }
 void DropoutForward(float* out, float* mask, const float* inp, int64_t n, float p, uint64_t seed,
                     uint64_t stream) {

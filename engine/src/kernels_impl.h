@@ -1403,6 +1403,16 @@ void ReluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
       kReluMinParallel);
 }
 
+// GeluBackward's local gradient of x (GeluBackward and GeluBackwardOverwrite).
+inline Vf GeluGrad(Vf x) {
+  const Vf cube = (x * x) * x;
+  const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
+  const Vf t = TanhV(inner);
+  const Vf sech2 = Set1(1.0f) - t * t;
+  return Set1(0.5f) * (Set1(1.0f) + t) +
+         (((Set1(0.5f) * x) * sech2) * Set1(kGeluK0)) * (Set1(1.0f) + (Set1(kGelu3K1) * x) * x);
+}
+
 void GeluForward(float* out, const float* inp, int64_t n) {
   ForEachVec(
       n,
@@ -1418,15 +1428,17 @@ void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
   ForEachVec(
       n,
       [&](int64_t i, int nv) {
-        const Vf x = LoadPartial(inp + i, nv);
-        const Vf cube = (x * x) * x;
-        const Vf inner = Set1(kGeluK0) * (x + Set1(kGeluK1) * cube);
-        const Vf t = TanhV(inner);
-        const Vf sech2 = Set1(1.0f) - t * t;
-        const Vf grad =
-            Set1(0.5f) * (Set1(1.0f) + t) +
-            (((Set1(0.5f) * x) * sech2) * Set1(kGeluK0)) * (Set1(1.0f) + (Set1(kGelu3K1) * x) * x);
+        const Vf grad = GeluGrad(LoadPartial(inp + i, nv));
         StorePartial(dinp + i, LoadPartial(dinp + i, nv) + grad * LoadPartial(dout + i, nv), nv);
+      },
+      int64_t{1} << 14);
+}
+void GeluBackwardOverwrite(float* dinp, const float* dout, const float* inp, int64_t n) {
+  ForEachVec(
+      n,
+      [&](int64_t i, int nv) {
+        const Vf grad = GeluGrad(LoadPartial(inp + i, nv));
+        StorePartial(dinp + i, Zero() + grad * LoadPartial(dout + i, nv), nv);
       },
       int64_t{1} << 14);
 }
@@ -1441,6 +1453,13 @@ void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
     const Vf g = LoadPartial(dout + i, nv);
     StorePartial(da + i, LoadPartial(da + i, nv) + g, nv);
     StorePartial(db + i, LoadPartial(db + i, nv) + g, nv);
+  });
+}
+void ResidualBackwardOverwrite(float* da, float* db, const float* dout, int64_t n) {
+  ForEachVec(n, [&](int64_t i, int nv) {
+    const Vf g = Zero() + LoadPartial(dout + i, nv);
+    StorePartial(da + i, g, nv);
+    if (db != nullptr) StorePartial(db + i, g, nv);
   });
 }
 
@@ -2098,6 +2117,7 @@ inline internal::KernelTable MakeTable() {
   t.relu_backward = &ReluBackward;
   t.gelu_forward = &GeluForward;
   t.gelu_backward = &GeluBackward;
+  t.gelu_backward_overwrite = &GeluBackwardOverwrite;
   t.softmax_ce_forward = &SoftmaxCrossEntropyForward;
   t.softmax_ce_backward = &SoftmaxCrossEntropyBackward;
   t.layernorm_forward = &LayerNormForward;
@@ -2108,6 +2128,7 @@ inline internal::KernelTable MakeTable() {
   t.attention_backward = &AttentionBackward;
   t.residual_forward = &ResidualForward;
   t.residual_backward = &ResidualBackward;
+  t.residual_backward_overwrite = &ResidualBackwardOverwrite;
   t.dropout_forward = &DropoutForward;
   t.dropout_backward = &DropoutBackward;
   t.adamw_update = &AdamWUpdate;

@@ -44,6 +44,7 @@ struct KernelTable {
   void (*relu_backward)(float*, const float*, const float*, int64_t);
   void (*gelu_forward)(float*, const float*, int64_t);
   void (*gelu_backward)(float*, const float*, const float*, int64_t);
+  void (*gelu_backward_overwrite)(float*, const float*, const float*, int64_t);
   float (*softmax_ce_forward)(float*, float*, const float*, const int32_t*, int64_t, int64_t);
   void (*softmax_ce_backward)(float*, const float*, const int32_t*, float, int64_t, int64_t);
   void (*layernorm_forward)(float*, float*, float*, const float*, const float*, const float*,
@@ -58,6 +59,7 @@ struct KernelTable {
                              int64_t, int64_t, int64_t, int64_t);
   void (*residual_forward)(float*, const float*, const float*, int64_t);
   void (*residual_backward)(float*, float*, const float*, int64_t);
+  void (*residual_backward_overwrite)(float*, float*, const float*, int64_t);
   void (*dropout_forward)(float*, float*, const float*, int64_t, float, uint64_t, uint64_t);
   void (*dropout_backward)(float*, const float*, const float*, int64_t);
   void (*adamw_update)(float*, float*, float*, float*, int64_t, const AdamWStep&);

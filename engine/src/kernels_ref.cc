@@ -293,6 +293,12 @@ void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n) {
     dinp[i] = dinp[i] + grad * dout[i];
   }
 }
+// The kernels that write an input gradient are specified as the accumulating kernel into a zeroed
+// buffer.
+void GeluBackwardOverwrite(float* dinp, const float* dout, const float* inp, int64_t n) {
+  std::fill(dinp, dinp + n, 0.0f);
+  GeluBackward(dinp, dout, inp, n);
+}
 
 float SoftmaxCrossEntropyForward(float* probs, float* losses, const float* logits,
                                  const int32_t* targets, int64_t B, int64_t V) {
@@ -501,6 +507,16 @@ void ResidualBackward(float* da, float* db, const float* dout, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     da[i] += dout[i];
     db[i] += dout[i];
+  }
+}
+void ResidualBackwardOverwrite(float* da, float* db, const float* dout, int64_t n) {
+  std::fill(da, da + n, 0.0f);
+  if (db == nullptr) {
+    std::vector<float> unused(static_cast<size_t>(n), 0.0f);
+    ResidualBackward(da, unused.data(), dout, n);
+  } else {
+    std::fill(db, db + n, 0.0f);
+    ResidualBackward(da, db, dout, n);
   }
 }
 

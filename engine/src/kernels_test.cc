@@ -214,6 +214,34 @@ TEST(KernelsTest, BackwardOverwrite) {
   }
 }
 
+// The element-wise backward kernels that write their input gradient (0 + ...) instead of adding
+// it, against the reference (the accumulating kernel into a zeroed buffer): outputs start with
+// garbage, lengths around the vector width and past the threading threshold, GELU inputs at its
+// edges (+-0, large, tiny) and gradients of -0 (written as +0).
+TEST(KernelsTest, ElementwiseBackwardOverwrite) {
+  const float edges[] = {0.0f, -0.0f, 12.0f, -12.0f, 1e-30f, -1e-30f, 5e3f, -5e3f};
+  for (int64_t n : {1, 15, 16, 17, 1000, 70000}) {
+    auto dout = RandomVec(n, 109);
+    for (int64_t i = 0; i < n; i += 3) dout[i] = -0.0f;
+    auto inp = RandomVec(n, 112, -4.0f, 4.0f);
+    for (int64_t i = 0; i < n; i += 7) inp[i] = edges[(i / 7) % 8];
+    ExpectFastEqualsRef("GeluBackwardOverwrite", [&](bool fast) {
+      auto dinp = RandomVec(n, 113);
+      KERNEL(fast, GeluBackwardOverwrite)(dinp.data(), dout.data(), inp.data(), n);
+      return Outputs{dinp};
+    });
+    for (bool with_db : {true, false}) {
+      ExpectFastEqualsRef("ResidualBackwardOverwrite", [&](bool fast) {
+        auto da = RandomVec(n, 110), db = RandomVec(n, 111);
+        KERNEL(fast, ResidualBackwardOverwrite)
+        (da.data(), with_db ? db.data() : nullptr, dout.data(), n);
+        for (float x : da) EXPECT_FALSE(x == 0.0f && std::signbit(x));
+        return Outputs{da, db};
+      });
+    }
+  }
+}
+
 // The convolution with the ReLU after it fused into its epilogue, against the reference (the two
 // ops), on the direct (stride 1) and the GEMM paths. One output channel has zero weights and bias
 // -0, so its outputs are +0 and -0 (the ReLU's edge; both become +0).

@@ -980,12 +980,10 @@ class GptModel final : public Model {
     // and it alternates between two buffers. For code-gpt-10m at 8 x 256 tokens this keeps ~360
     // MB of the peak resident set that a copy per layer took.
     float* const buf_dresidual2 = alloc(N * C);
-    float* const buf_dfcproj = alloc(N * C);
     float* const buf_dfch_gelu = alloc(N * 4 * C);
     float* const buf_dfch = alloc(N * 4 * C);
     float* const buf_dln2 = alloc(N * C);
     float* const buf_dres_in[2] = {alloc(N * C), alloc(N * C)};
-    float* const buf_dattproj = alloc(N * C);
     float* const buf_datty = alloc(N * C);
     float* const buf_dqkv = alloc(N * 3 * C);
     float* const buf_dpreatt = alloc(B * NH * T * T);
@@ -997,27 +995,28 @@ class GptModel final : public Model {
     };
     for (int64_t l = part_.end; l-- > part_.begin;) {
       GptTape::Acts& a = tp.acts[static_cast<size_t>(l - part_.begin)];
-      // residual3 = residual2 + fcproj
-      float* dresidual2 = zeroed(buf_dresidual2, N * C);
-      float* dfcproj = zeroed(buf_dfcproj, N * C);
-      ResidualBackward(dresidual2, dfcproj, dresidual, N * C);
-      // The linear layers' input gradients are written whole (0 + chain, the bits adding the
-      // chain to a zeroed buffer gives): no zeroing, and no scratch for the running partials.
+      // residual3 = residual2 + fcproj: both gradients are 0 + dresidual (ResidualBackward into
+      // zeroed buffers, here written without zeroing), one buffer's bits until LayerNormBackward
+      // adds into dresidual2 below, so the fc projection's backward reads dresidual2.
+      float* dresidual2 = buf_dresidual2;
+      ResidualBackwardOverwrite(dresidual2, nullptr, dresidual, N * C);
+      // The linear layers' and the GELU's input gradients are written whole (0 + chain, the bits
+      // adding it to a zeroed buffer gives): no zeroing, and no scratch for running partials.
       float* dfch_gelu = buf_dfch_gelu;
-      LinearBackwardOverwrite(dfch_gelu, G(l, 10), G(l, 11), dfcproj, a.fch_gelu, P(l, 10), N,
+      LinearBackwardOverwrite(dfch_gelu, G(l, 10), G(l, 11), dresidual2, a.fch_gelu, P(l, 10), N,
                               4 * C, C);
-      float* dfch = zeroed(buf_dfch, N * 4 * C);
-      GeluBackward(dfch, dfch_gelu, a.fch, N * 4 * C);
+      float* dfch = buf_dfch;
+      GeluBackwardOverwrite(dfch, dfch_gelu, a.fch, N * 4 * C);
       float* dln2 = buf_dln2;
       LinearBackwardOverwrite(dln2, G(l, 8), G(l, 9), dfch, a.ln2, P(l, 8), N, C, 4 * C);
       LayerNormBackward(dresidual2, G(l, 6), G(l, 7), dln2, a.residual2, P(l, 6), a.ln2_mean,
                         a.ln2_rstd, N, C);
-      // residual2 = residual + attproj
-      float* dres_in = zeroed(buf_dres_in[l % 2], N * C);
-      float* dattproj = zeroed(buf_dattproj, N * C);
-      ResidualBackward(dres_in, dattproj, dresidual2, N * C);
+      // residual2 = residual + attproj: as above, dattproj has dres_in's bits until
+      // LayerNormBackward adds into dres_in.
+      float* dres_in = buf_dres_in[l % 2];
+      ResidualBackwardOverwrite(dres_in, nullptr, dresidual2, N * C);
       float* datty = buf_datty;
-      LinearBackwardOverwrite(datty, G(l, 4), G(l, 5), dattproj, a.atty, P(l, 4), N, C, C);
+      LinearBackwardOverwrite(datty, G(l, 4), G(l, 5), dres_in, a.atty, P(l, 4), N, C, C);
       float* dqkv = zeroed(buf_dqkv, N * 3 * C);
       // AttentionBackward overwrites its two (B, NH, T, T) scratch outputs: no zeroing.
       float* dpreatt = buf_dpreatt;

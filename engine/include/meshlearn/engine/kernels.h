@@ -137,6 +137,9 @@ struct AdamWStep {
   /* GELU, tanh form: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))), tanh from math.h. */               \
   void GeluForward(float* out, const float* inp, int64_t n);                                      \
   void GeluBackward(float* dinp, const float* dout, const float* inp, int64_t n);                 \
+  /* GeluBackward into a zeroed buffer, written without reading it: dinp = 0 + grad * dout.      \
+     ResidualBackwardOverwrite likewise: da = 0 + dout, and db unless it is null. */              \
+  void GeluBackwardOverwrite(float* dinp, const float* dout, const float* inp, int64_t n);       \
                                                                                                   \
   /* logits(B,V), targets(B) in [0,V) -> probs(B,V), losses(B); returns mean loss (SumTree / B).  \
      Row max, then e = Exp(x-max) from math.h, row sum is a sequential chain over v, probs = e/sum, \
@@ -180,6 +183,7 @@ struct AdamWStep {
   /* out = a + b. Backward: da += dout, db += dout. */                                            \
   void ResidualForward(float* out, const float* a, const float* b, int64_t n);                   \
   void ResidualBackward(float* da, float* db, const float* dout, int64_t n);                     \
+  void ResidualBackwardOverwrite(float* da, float* db, const float* dout, int64_t n);            \
                                                                                                   \
   /* Inverted dropout with probability p: keep element i iff                                      \
      U32ToUnitFloat(Philox4x32({i_lo, i_hi, stream_lo, stream_hi}, seed)[0]) >= p; kept values    \
