@@ -645,6 +645,16 @@ Status ExecuteCommitStage(ExecContext& ctx, const CommitStageTx& tx) {
              : "the unit is " + std::string(WorkUnitStatusName(u->status))) +
         ")");
   }
+  // The same node may hold the unit again after a re-placement (a kept stage of a replica that
+  // lost a node, a round re-run): only the run of the current placement is its commit.
+  if (tx.assignment_beacon != u->assignment_beacon) {
+    return FailedPrecondition(
+        "commit stage: assignment_beacon " + tx.assignment_beacon.ShortHex() +
+        " is not the current placement of " + slot + ", placed with beacon " +
+        u->assignment_beacon.ShortHex() +
+        " (the unit was placed again since the run this commits, on another chain: that run is "
+        "not committed; the new placement's run commits with node_work's assignment_beacon)");
+  }
   ML_ASSIGN_OR_RETURN(RoundStateMachine m, LoadMachine(*t));
   protocol::UnitId unit{tx.task_id, tx.round, tx.replica * p.stages + tx.stage};
   Status s = m.OnUnitCommitted(unit, tx.node_id, tx.result_hash, ctx.height);

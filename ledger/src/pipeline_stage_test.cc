@@ -118,18 +118,21 @@ class PipelineStageTest : public FollowedChainFixture {
     return 0;
   }
 
+  // The commit of the unit's current placement (its node and assignment beacon).
   CommitStageTx Commit(uint32_t round, uint32_t replica, uint32_t stage) {
     const std::string name =
         std::to_string(round) + "/" + std::to_string(replica) + "/" + std::to_string(stage);
+    const WorkUnit u = Unit(round, replica, stage);
     return CommitStageTx{.task_id = task_id_,
                          .round = round,
                          .replica = replica,
                          .stage = stage,
-                         .node_id = Unit(round, replica, stage).assignee,
+                         .node_id = u.assignee,
                          .result_hash = Blake2b("stage delta " + name),
                          .commitment = Blake2b("stage commitment " + name),
                          .loss_micros = stage + 1 == kStages ? 2'000'000u + replica : 0u,
-                         .commits = Blake2b("stage commits " + name)};
+                         .commits = Blake2b("stage commits " + name),
+                         .assignment_beacon = u.assignment_beacon};
   }
 
   // What PlaceStages gives for the round placed at `height` from the registered nodes (with the
@@ -837,6 +840,42 @@ TEST_F(PipelineLostStageTest, AStageWhoseNodeLeavesMovesAloneAndOnlyItIsCharged)
   EXPECT_EQ(chain_->Height(), placed + 1);
   EXPECT_NE(Unit(0, 0, 1).assignee, chain[1]);  // replaced in the block that saw it leave
   ASSERT_NO_FATAL_FAILURE(ExpectReplaced(chain));
+}
+
+// A kept stage's node holds the same unit again after the re-placement, under a new beacon. Its
+// commit of the run on the earlier chain (with the lost node), sent before the re-placement and
+// landing two blocks after it, is refused for its assignment_beacon: its step records are signed
+// by the earlier chain, and the unit's check would judge them against the new one (the node-side
+// guard, Stager::Collect, only sees the placement of the moment it sends). The new placement's
+// commit is taken.
+TEST_F(PipelineLostStageTest, ACommitOfTheStagesEarlierPlacementIsRefusedAfterItIsPlacedAgain) {
+  const std::vector<PublicKey> chain = StartOneReplica();
+  const CommitStageTx stale = Commit(0, 0, 0);  // sent now, on the chain with chain[1]
+  ASSERT_FALSE(stale.assignment_beacon.IsZero());
+  StepHeartbeats(chain[1], {Q(alice_, LeaveNodeTx{.node_id = chain[1]})});
+  ASSERT_NE(Unit(0, 0, 1).assignee, chain[1]);
+  const WorkUnit kept = Unit(0, 0, 0);
+  ASSERT_EQ(kept.status, WorkUnitStatus::kAssigned);
+  ASSERT_EQ(kept.assignee, chain[0]) << "stage 0 must be kept on its node for this test";
+  ASSERT_NE(kept.assignment_beacon, stale.assignment_beacon);
+  StepHeartbeats(chain[1]);
+  const std::vector<Receipt> r = Step({Q(alice_, stale)});
+  EXPECT_FALSE(r[0].ok) << "the earlier placement's run was taken for the new one";
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r[0].reason.find("assignment_beacon " + stale.assignment_beacon.ShortHex() +
+                             " is not the current placement of stage 0 of replica 0 in round 0"),
+            std::string::npos)
+      << r[0].reason;
+  EXPECT_NE(r[0].reason.find("placed with beacon " + kept.assignment_beacon.ShortHex()),
+            std::string::npos)
+      << r[0].reason;
+  EXPECT_EQ(Unit(0, 0, 0).status, WorkUnitStatus::kAssigned);
+  EXPECT_TRUE(Unit(0, 0, 0).result_hash.IsZero());
+  // The new placement's stages commit (its own beacon) and the round aggregates.
+  StepHeartbeats(chain[1], {Q(alice_, Commit(0, 0, 0)), Q(alice_, Commit(0, 0, 1)),
+                            Q(alice_, Commit(0, 0, 2))});
+  EXPECT_EQ(Unit(0, 0, 0).result_hash, Blake2b("stage delta 0/0/0"));
+  EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
 }
 
 TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenClean) {

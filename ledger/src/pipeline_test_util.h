@@ -206,7 +206,8 @@ class PipelineVerificationTest : public FollowedChainFixture {
                          .commitment = protocol::StageCommitment(leaves),
                          .loss_micros = 0,
                          .secret_index = Node(u.assignee).secrets_committed + 1,
-                         .leaves = leaves};
+                         .leaves = leaves,
+                         .assignment_beacon = u.assignment_beacon};
   }
 
   // A verifier's verdict on stage unit `stage`, sealed now and opened later.

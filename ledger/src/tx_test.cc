@@ -81,7 +81,8 @@ std::vector<TxPayload> SamplePayloads() {
                     .loss_micros = 7,
                     .secret_index = 3,
                     .leaves = {Blake2b("step 0"), Blake2b("step 1")},
-                    .commits = Blake2b("stage commits")},
+                    .commits = Blake2b("stage commits"),
+                    .assignment_beacon = Blake2b("placement")},
       CommitVerdictTx{
           .task_id = Blake2b("task"), .index = 2, .node_id = k, .commitment = Blake2b("sealed")},
       RevealVerdictTx{.task_id = Blake2b("task"),

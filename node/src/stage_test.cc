@@ -3212,8 +3212,11 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
     }
     for (std::thread& th : threads) th.join();
     std::vector<std::pair<const KeyPair*, ledger::TxPayload>> commits;
+    const std::vector<ledger::WorkUnit> placed = chain.ListWorkUnits(task_id);
     for (Unit& u : units) {
       ASSERT_TRUE(u.out.ok()) << u.out.status().ToString();
+      const ledger::WorkUnit& unit =
+          placed.at(ledger::StageUnitIndex(params, {r, u.replica, static_cast<uint32_t>(u.stage)}));
       commits.push_back(
           {&owner,
            ledger::CommitStageTx{
@@ -3224,7 +3227,8 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
                .node_id = u.node->key.public_key(),
                .result_hash = u.out->result_hash,
                .commitment = u.out->commitment,
-               .loss_micros = u.stage == 2 ? static_cast<uint64_t>(u.out->mean_loss * 1e6) : 0u}});
+               .loss_micros = u.stage == 2 ? static_cast<uint64_t>(u.out->mean_loss * 1e6) : 0u,
+               .assignment_beacon = unit.assignment_beacon}});
     }
     block(std::move(commits));
 

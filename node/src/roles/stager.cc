@@ -235,11 +235,11 @@ Status Stager::Collect(const NodeWork& work) {
   std::unique_ptr<Run> run = std::move(run_);
   if (run->out.ok() && !assigned) {
     // A run that ended whole after its unit was placed again is not committed: its step records
-    // are signed by the chain it ran on, and the ledger would take the commit for the new
-    // assignment (CommitStage names the stage, not the placement), whose check every verifier and
-    // the ledger's referee judge against the new chain (ReplicaRunChain): an honest stage's
-    // records would look forged, and its dispute would have no move (docs/node.md, "Stager").
-    // Where the node keeps the stage, its new assignment runs on the new chain.
+    // are signed by the chain it ran on, whose placement the ledger no longer holds (CommitStage
+    // names it, assignment_beacon: the ledger refuses it). Not sending it spares the refusal;
+    // the ledger's check covers a commit sent before a re-placement that lands after it (a
+    // verifier and the ledger's referee judge a unit's records against its current chain,
+    // ReplicaRunChain). Where the node keeps the stage, its new assignment runs on the new chain.
     run->out = FailedPrecondition(
         "it ended after the unit was placed again (another assignment, on another chain): not "
         "committed");
@@ -311,7 +311,8 @@ Status Stager::Commit(const Run& run, const NodeWork& work) {
                            .node_id = node_->id(),
                            .result_hash = delta_id.hash,
                            .commitment = out.commitment,
-                           .loss_micros = loss_micros};
+                           .loss_micros = loss_micros,
+                           .assignment_beacon = a.assignment_beacon};
   // The step commits it commits to: its real ones, or their forced form (ForceIfDrawn).
   std::vector<protocol::StageStepCommit> commits = out.commits;
   if (node_->VerificationOn()) {

@@ -362,6 +362,12 @@ struct ReportUnavailableTx {
 // that keep the round's deltas keep as long as those, so that the run's commits stay public past
 // the round (docs/verification.md, "An audit of a pipeline task"); zero: not kept. The ledger
 // records it on the unit (WorkUnit::stage_commits) and does not fetch it.
+// assignment_beacon: the placement the stage ran on, the unit's WorkUnit::assignment_beacon as
+// node_work listed it (the beacon of the block that placed it). A unit placed again (its
+// replica's deadline passed, a node of it was lost, its round re-ran) gets the new block's beacon,
+// even where the same node keeps the stage: a commit of the earlier placement's run, sent before
+// the re-placement and landing after it, is refused (its step records are signed by the earlier
+// chain, which the unit's check would judge against the new one).
 struct CommitStageTx {
   static constexpr TxType kType = TxType::kCommitStage;
   Hash256 task_id;
@@ -375,6 +381,7 @@ struct CommitStageTx {
   uint64_t secret_index = 0;
   std::vector<Hash256> leaves;
   Hash256 commits;
+  Hash256 assignment_beacon;
   template <typename S, typename V>
   static void Visit(S& s, V&& v) {
     v("task_id", s.task_id);
@@ -388,6 +395,7 @@ struct CommitStageTx {
     v("secret_index", s.secret_index);
     v("leaves", s.leaves);
     v("commits", s.commits);
+    v("assignment_beacon", s.assignment_beacon);
   }
   bool operator==(const CommitStageTx&) const = default;
 };
