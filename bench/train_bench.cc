@@ -23,12 +23,15 @@
 // "meshlearn_samples_per_cpu_sec" and "steal_s" (the host's steal time over the case), and on
 // more than one thread "machine_scaling": the engine's GEMM run as two independent 1-thread
 // copies at once against one copy alone, just before the case (~2 when both CPUs are this
-// process's and separate cores; read "scaling" against it). Nothing
-// here is asserted; it is a measurement.
+// process's and separate cores; read "scaling" against it) and "core_round_trip_ns" (a cache
+// line's trip between the two threads' cores and back: ~100 ns when the MLP scaled, ~340 ns when
+// it did not). Nothing here is asserted; it is a measurement.
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -113,12 +116,72 @@ double MachineScaling(SimdPath path, int threads) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   const double one = timed();
-  double a = 0, b = 0;
-  std::thread th([&] { b = timed(); });
-  a = timed();
+  // The wall time of both copies, from before the second thread starts to after it ends: two
+  // copies that take turns on one CPU each time only their own run.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread th(timed);
+  timed();
   th.join();
+  const double two = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(SetKernelConfig({path, threads}).ok());
-  return 2.0 * one / std::max(a, b);
+  return 2.0 * one / two;
+}
+
+// The time for one cache line to go from one thread's core to the other's and back (two threads
+// passing a counter), median of 9 blocks of 2,000 round trips, in nanoseconds. Every parallel
+// region of a training step moves data this way (the job, a GEMM's output read by the next
+// layer on the other thread, gradients written by one thread and updated by the other); on
+// this shared VM it was 83-120 ns in the runs where the MLP scaled 1.66-1.76x and 326-352 ns in
+// the runs where it scaled 0.95-1.02x (the two vCPUs then, presumably, on host cores that share
+// no cache).
+// Meaningless unless both threads hold a CPU (run under chrt, or check machine_scaling).
+double CoreToCoreRoundTripNs() {
+  alignas(64) std::atomic<int64_t> flag{0};
+  std::atomic<bool> give_up{false};
+  constexpr int64_t kTrips = 2000;
+  constexpr int kBlocks = 9;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  // Waits for flag == want; false once either thread gave up. Yields the CPU every few thousand
+  // polls: with both threads on one CPU under a real-time policy (the other CPU busy), a poller
+  // that never yields would keep the thread it waits for off the CPU. Gives up at the deadline
+  // (no second CPU for this process).
+  auto wait_for = [&](int64_t want) {
+    for (int polls = 1; flag.load(std::memory_order_acquire) != want; ++polls) {
+      if (polls % 4096 == 0) {
+        if (give_up.load(std::memory_order_relaxed)) return false;
+        if (std::chrono::steady_clock::now() > deadline) {
+          give_up = true;
+          return false;
+        }
+        sched_yield();
+      }
+    }
+    return true;
+  };
+  std::thread th([&] {
+    for (int64_t i = 0; i < kTrips * kBlocks; ++i) {
+      if (!wait_for(2 * i + 1)) return;
+      flag.store(2 * i + 2, std::memory_order_release);
+    }
+  });
+  std::vector<double> ns;
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    auto t0 = std::chrono::steady_clock::now();
+    bool ok = true;
+    for (int64_t i = blk * kTrips; i < (blk + 1) * kTrips && ok; ++i) {
+      flag.store(2 * i + 1, std::memory_order_release);
+      ok = wait_for(2 * i + 2);
+    }
+    if (!ok) break;
+    ns.push_back(
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+        kTrips);
+  }
+  give_up = true;
+  th.join();
+  if (ns.empty()) return -1;  // the two threads never held two CPUs at once
+  std::sort(ns.begin(), ns.end());
+  return ns[ns.size() / 2];
 }
 
 struct CaseRun {
@@ -320,6 +383,7 @@ int main(int argc, char** argv) {
         const int gpt_steps = std::max(steps / 40, 3);
         const double load = LoadAverage1();
         const double machine = n > 1 ? MachineScaling(*path, n) : 1.0;
+        const double round_trip = n > 1 ? CoreToCoreRoundTripNs() : 0.0;
         nlohmann::json child = RunJson(SelfExe() + " --gpt-child --threads=" + t +
                                        " --simd=" + simd + " --steps=" + std::to_string(gpt_steps));
         if (child.is_discarded() || !child.contains("tokens_per_sec")) {
@@ -352,7 +416,10 @@ int main(int argc, char** argv) {
                             {"meshlearn_tokens_per_cpu_sec", child["tokens_per_cpu_sec"]},
                             {"meshlearn_peak_rss_mb", child["peak_rss_mb"]},
                             {"load1", load}};
-        if (n > 1) j["machine_scaling"] = machine;
+        if (n > 1) {
+          j["machine_scaling"] = machine;
+          j["core_round_trip_ns"] = round_trip;
+        }
         if (one_thread_rate.count(b)) j["scaling"] = ml / one_thread_rate[b];
         if (pt > 0) {
           j["torch_tokens_per_sec"] = pt;
@@ -372,6 +439,7 @@ int main(int argc, char** argv) {
       const int case_steps = b == "cnn" ? std::max(steps / 4, 10) : steps;
       const double load = LoadAverage1(), steal0 = StealSeconds();
       const double machine = n > 1 ? MachineScaling(*path, n) : 1.0;
+      const double round_trip = n > 1 ? CoreToCoreRoundTripNs() : 0.0;
       const CaseRun run = MeshlearnSamplesPerSec(src, b, case_steps);
       const double steal = steal0 < 0 ? -1 : StealSeconds() - steal0;
       const double ml = run.samples_per_sec;
@@ -399,7 +467,10 @@ int main(int argc, char** argv) {
                           {"meshlearn_cpus_used", run.cpus_used},
                           {"load1", load},
                           {"steal_s", steal}};
-      if (n > 1) j["machine_scaling"] = machine;
+      if (n > 1) {
+        j["machine_scaling"] = machine;
+        j["core_round_trip_ns"] = round_trip;
+      }
       if (one_thread_rate.count(b)) j["scaling"] = ml / one_thread_rate[b];
       if (pt > 0) {
         j["torch_samples_per_sec"] = pt;
