@@ -75,6 +75,11 @@ struct GemmOut {
   // terms k > m at the end of the chain; kCausalFrom over k >= (its micro-panel's first row)
   // only, dropping terms k < m at the start of the chain.
   int causal = 0;
+  // Split the threads over rows (M) in contiguous ranges even where columns are longer (while B
+  // is small: see Gemm): a weight gradient (M = the layer's outputs) then has each thread write
+  // its own contiguous part, the part ParallelForArrays gives it in the zeroing, the gradient
+  // norm and the optimizer update.
+  bool split_rows = false;
 };
 inline constexpr int kCausalTiles = 1;
 inline constexpr int kCausalUpTo = 2;
@@ -362,7 +367,11 @@ void Gemm(int64_t M, int64_t N, int64_t K, const PackA& pack_a, const PackB& pac
     GemmBlock(0, M, 0, N, K, pack_a, pack_b, o, partial, N);
     return;
   }
-  const bool split_n = npanels >= threads && (N >= M || mpanels < threads);
+  // split_rows is honoured while the B that every thread then packs whole is no larger than the
+  // L2 B block (the Fashion MLP's first weight gradient, K x N = 64 x 784), not for the GPT's
+  // (K = 2048 tokens), where the split is for speed, not for where the gradient lands.
+  const bool rows_wanted = o.split_rows && K * N <= kKC * kNC;
+  const bool split_n = npanels >= threads && ((N >= M && !rows_wanted) || mpanels < threads);
   // Every column unit reads all of the shared A: only while A is no larger than the B block that
   // GemmBlock keeps in L2 (the GPT's weight gradients, K = 2048 rows of tokens, streamed a 3 MB A
   // from L3 once per unit and ran ~2% slower on 2 threads).
@@ -577,6 +586,7 @@ void LinearBackwardImpl(float* dinp, float* dweight, float* dbias, const float* 
     o.c = dweight;
     o.ldc = C;
     o.accumulate = true;
+    o.split_rows = true;
     Gemm(OC, C, B, StridedA{dout, 1, OC}, StridedB{inp, C, 1}, o, t);
   };
   // The two products have the same B*C*OC multiply-adds. Below ~2^22 each, splitting each over

@@ -6,7 +6,10 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "meshlearn/engine/backend.h"
@@ -89,8 +92,9 @@ TEST(ThreadPoolTest, ConcurrentCallersTakeTurns) {
 }
 
 // ParallelForArrays visits every element of every array exactly once, in ranges that start at a
-// multiple of the piece size and stay inside their array; empty arrays get no call; with more
-// than one thread it is cut into one chunk per thread.
+// multiple of the piece size and stay inside their array; empty arrays get no call; with T > 1
+// threads every array is cut into the same T near-equal runs of pieces (chunk t's run of each
+// array is its t-th), so that each thread gets the same part of every array.
 TEST(ThreadPoolTest, ParallelForArraysCoversEveryElementOnceInAlignedRanges) {
   const std::vector<std::vector<int64_t>> cases = {
       {}, {0}, {1}, {5, 0, 3}, {1024}, {1025, 7, 4096, 0, 1}, {200704, 256, 32768, 128, 1280, 10}};
@@ -100,9 +104,15 @@ TEST(ThreadPoolTest, ParallelForArraysCoversEveryElementOnceInAlignedRanges) {
         std::vector<std::vector<std::atomic<int>>> hits;
         for (int64_t n : sizes) hits.emplace_back(static_cast<size_t>(n));
         std::atomic<int> calls{0}, bad{0};
+        std::mutex got_mu;
+        std::set<std::tuple<int64_t, int64_t, int64_t>> got;  // (array, begin, end) of each call
         ParallelForArrays(sizes.data(), static_cast<int64_t>(sizes.size()), threads, align,
                           [&](int64_t k, int64_t b, int64_t e) {
                             ++calls;
+                            {
+                              std::lock_guard<std::mutex> lock(got_mu);
+                              got.insert({k, b, e});
+                            }
                             if (k < 0 || k >= static_cast<int64_t>(sizes.size()) || b % align != 0 ||
                                 b >= e || e > sizes[static_cast<size_t>(k)]) {
                               ++bad;
@@ -116,14 +126,19 @@ TEST(ThreadPoolTest, ParallelForArraysCoversEveryElementOnceInAlignedRanges) {
             ASSERT_EQ(hits[k][static_cast<size_t>(i)].load(), 1) << "array " << k << " element " << i;
           }
         }
-        // One call per array a chunk touches; ParallelFor makes min(pieces, threads) chunks.
-        int64_t pieces = 0, nonempty = 0;
-        for (int64_t n : sizes) {
-          pieces += (n + align - 1) / align;
-          nonempty += n > 0;
+        // Exactly the calls of the per-array cut: array k's run t is pieces [n*t/T, n*(t+1)/T).
+        std::set<std::tuple<int64_t, int64_t, int64_t>> want;
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          const int64_t n = (sizes[k] + align - 1) / align;
+          for (int64_t t = 0; t < threads; ++t) {
+            const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
+            if (lo < hi) {
+              want.insert({static_cast<int64_t>(k), lo * align, std::min(hi * align, sizes[k])});
+            }
+          }
         }
-        EXPECT_GE(calls.load(), std::max<int64_t>(nonempty, std::min<int64_t>(pieces, threads)));
-        EXPECT_LE(calls.load(), nonempty + std::min<int64_t>(pieces, threads) - 1 + (pieces == 0));
+        EXPECT_EQ(got, want) << threads << " threads, align " << align;
+        EXPECT_EQ(calls.load(), static_cast<int>(want.size()));
       }
     }
   }
