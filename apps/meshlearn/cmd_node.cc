@@ -283,7 +283,8 @@ class NodeMetrics {
                 static_cast<double>(st.stage_wait_us) / 1e6);
     out.Family("meshlearn_node_stage_evidence_bytes", "gauge",
                "Bytes this node serves of its pipeline stage steps for their verifiers (a "
-               "checkpoint file and the received tensors a step), until their rounds are final.")
+               "checkpoint file and the tensors received and sent a step, on disk), until their "
+               "rounds are final.")
         .Sample("meshlearn_node_stage_evidence_bytes", {}, st.stage_evidence_bytes);
     out.Family("meshlearn_node_whole_model_moments_bytes", "gauge",
                "Optimizer moment bytes this node's whole-model trainer holds after its last "

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshlearn/base/check.h"
 #include "meshlearn/base/encoding.h"
 #include "meshlearn/base/env.h"
 
@@ -208,25 +209,92 @@ Result<engine::TrainState> StageEvidence::PublishedCheckpointState(const StageSt
                                 "the checkpoint of " + ref.ToString() + " (" + path + ")");
 }
 
-void StageEvidence::DeleteFiles(const Entry& e) const {
+void StageEvidence::DeleteFiles(const Entry& e) {
   if (!e.checkpoint.file.empty()) (void)env_->DeleteFile(e.checkpoint.file);
   if (!e.pending.file.empty()) (void)env_->DeleteFile(e.pending.file);
+  ReleaseTensors(e.tensors);
+}
+
+std::string StageEvidence::TensorPath(const Hash256& tensor) const {
+  return JoinPath(dir_, "tensor-" + tensor.ToHex() + ".f32");
+}
+
+void StageEvidence::ReleaseTensors(const std::map<Hash256, uint64_t>& tensors) {
+  for (const auto& [hash, size] : tensors) {
+    auto f = files_.find(hash);
+    CHECK(f != files_.end() && f->second.refs > 0) << "tensor file " << hash.ShortHex();
+    if (--f->second.refs > 0) continue;
+    (void)env_->DeleteFile(TensorPath(hash));
+    files_.erase(f);
+  }
+}
+
+Result<std::string> StageEvidence::TensorFile(const Hash256& tensor) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (files_.count(tensor) == 0) {
+    return NotFound("stage evidence: no served step lists tensor " + tensor.ShortHex());
+  }
+  return TensorPath(tensor);
 }
 
 Status StageEvidence::Publish(const StageStepCommit& commit, std::map<Hash256, Bytes> received) {
   const StageStepRef ref = StageStepRefOf(commit);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = steps_.find(ref);
-  if (it == steps_.end() || it->second.pending.file.empty()) {
+  auto no_checkpoint = [&] {
     return FailedPrecondition("stage evidence of " + ref.ToString() +
                               ": no checkpoint of the step's start was saved (SaveCheckpoint "
                               "before the step)");
+  };
+  // The step's tensors, counted as listed before any is written (so that a file another step
+  // lists is not deleted meanwhile); the new ones are written outside the lock, so that
+  // verifiers are served meanwhile.
+  std::map<Hash256, uint64_t> tensors;
+  std::vector<Hash256> fresh;  // files this call writes
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = steps_.find(ref);
+    if (it == steps_.end() || it->second.pending.file.empty()) return no_checkpoint();
+    for (const auto& [hash, bytes] : received) {
+      tensors[hash] = bytes.size();
+      TensorFileRef& f = files_[hash];
+      if (f.refs++ == 0) {
+        f.bytes = bytes.size();
+        fresh.push_back(hash);
+      }
+    }
+  }
+  Status written = Status::Ok();
+  for (const Hash256& hash : fresh) {
+    auto t = received.find(hash);
+    const std::string path = TensorPath(hash);
+    // As a checkpoint file: written whole before any step that lists it is served (nothing
+    // serves the name until then: no served step lists the hash), not synced (a restart deletes
+    // every file of the folder).
+    written = [&]() -> Status {
+      ML_ASSIGN_OR_RETURN(std::unique_ptr<RandomRWFile> file,
+                          env_->OpenRandomRW(path, /*create=*/true));
+      ML_RETURN_IF_ERROR(file->Truncate(0));
+      return file->Write(
+          0, std::string_view(reinterpret_cast<const char*>(t->second.data()), t->second.size()));
+    }();
+    if (!written.ok()) {
+      written =
+          written.WithPrefix("stage evidence of " + ref.ToString() + ": the tensor file " + path);
+      break;
+    }
+    received.erase(t);  // on disk now: freed
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = steps_.find(ref);
+  if (!written.ok() || it == steps_.end() || it->second.pending.file.empty()) {
+    ReleaseTensors(tensors);  // the files written for this step alone go again
+    return written.ok() ? no_checkpoint() : written;
   }
   Entry& e = it->second;
   if (!e.checkpoint.file.empty()) (void)env_->DeleteFile(e.checkpoint.file);  // an earlier run's
+  ReleaseTensors(e.tensors);  // an earlier run's (the same hashes, when honest: counted twice now)
   e.published = true;
   e.commit = protocol::EncodeStageStepCommit(commit);
-  e.tensors = std::move(received);
+  e.tensors = std::move(tensors);
   e.checkpoint = std::move(e.pending);
   e.pending = {};
   return Status::Ok();
@@ -254,13 +322,16 @@ uint64_t StageEvidence::DropSent(const StageStepRef& unit) {
     }
     Result<StageStepCommit> c = protocol::DecodeStageStepCommit(e.commit);
     if (!c.ok()) continue;  // encoded here: cannot happen
+    std::map<Hash256, uint64_t> sent;
     std::erase_if(e.tensors, [&](const auto& kv) {
       const bool received =
           std::any_of(c->received.begin(), c->received.end(),
                       [&](const StageTransfer& r) { return r.tensor == kv.first; });
-      if (!received) dropped += kv.second.size();
+      if (!received) sent.insert(kv);
       return !received;
     });
+    for (const auto& [hash, size] : sent) dropped += size;
+    ReleaseTensors(sent);
   }
   return dropped;
 }
@@ -288,8 +359,22 @@ uint64_t StageEvidence::bytes() const {
   for (const auto& [ref, e] : steps_) {
     if (!e.published) continue;
     total += e.commit.size() + e.checkpoint.bytes;
-    for (const auto& [hash, t] : e.tensors) total += t.size();
   }
+  for (const auto& [hash, f] : files_) total += f.bytes;
+  return total;
+}
+
+uint64_t StageEvidence::memory_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& [ref, e] : steps_) total += e.commit.size();
+  return total;
+}
+
+uint64_t StageEvidence::tensor_file_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t total = 0;
+  for (const auto& [hash, f] : files_) total += f.bytes;
   return total;
 }
 
@@ -335,33 +420,42 @@ Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
   if (it == steps_.end() || !it->second.published) {
     return NotFound("stage.slice: this node serves no " + q.ref.ToString());
   }
-  if (q.part == StageSlicePart::kStageSliceTensor) {
+  const bool tensor = q.part == StageSlicePart::kStageSliceTensor;
+  uint64_t size = it->second.checkpoint.bytes;
+  std::string path = it->second.checkpoint.file;
+  if (tensor) {
     auto t = it->second.tensors.find(q.tensor);
     if (t == it->second.tensors.end()) {
       return NotFound("stage.slice: " + q.ref.ToString() + " received no tensor " +
                       q.tensor.ShortHex());
     }
-    ML_ASSIGN_OR_RETURN(uint64_t n, StageSliceLength(q, t->second.size()));
-    return Bytes(t->second.begin() + static_cast<std::ptrdiff_t>(q.offset),
-                 t->second.begin() + static_cast<std::ptrdiff_t>(q.offset + n));
+    size = t->second;
+    path = TensorPath(q.tensor);
   }
-  const uint64_t size = it->second.checkpoint.bytes;
-  const std::string path = it->second.checkpoint.file;
   lock.unlock();  // the file is read without the lock (a step withdrawn meanwhile: its file is
                   // gone, and the read fails)
+  const std::string what = std::string(tensor ? "the tensor file " : "the checkpoint file ") +
+                           path + " of " + q.ref.ToString();
   ML_ASSIGN_OR_RETURN(uint64_t n, StageSliceLength(q, size));
   Result<std::unique_ptr<RandomRWFile>> file = env_->OpenRandomRW(path, /*create=*/false);
   if (!file.ok()) {
-    return DataLoss("stage.slice: the checkpoint file of " + q.ref.ToString() + " (" + path +
-                    ") cannot be opened: " + file.status().message());
+    return DataLoss("stage.slice: " + what + " cannot be opened: " + file.status().message());
+  }
+  if (tensor) {
+    // Written whole and atomically: one of another size was changed behind the node's back.
+    Result<uint64_t> on_disk = (*file)->Size();
+    if (!on_disk.ok()) return on_disk.status().WithPrefix("stage.slice: " + what);
+    if (*on_disk != size) {
+      return DataLoss("stage.slice: " + what + " has " + std::to_string(*on_disk) +
+                      " bytes, not the " + std::to_string(size) + " it was written with");
+    }
   }
   Bytes out(n);
   Result<size_t> got = (*file)->Read(q.offset, n, reinterpret_cast<char*>(out.data()));
   if (!got.ok()) return got.status().WithPrefix("stage.slice: reading " + path);
   if (*got != n) {
-    return DataLoss("stage.slice: the checkpoint file " + path + " ends at byte " +
-                    std::to_string(q.offset + *got) + ", before the " + std::to_string(size) +
-                    " bytes it was written with");
+    return DataLoss("stage.slice: " + what + " ends at byte " + std::to_string(q.offset + *got) +
+                    ", before the " + std::to_string(size) + " bytes it was written with");
   }
   return out;
 }

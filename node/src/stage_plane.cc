@@ -158,6 +158,15 @@ std::map<Hash256, Bytes> StagePlane::sent() const {
   return sent_;
 }
 
+std::map<Hash256, Bytes> StagePlane::TakeStepTensors() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<Hash256, Bytes> out = std::move(received_);
+  out.merge(sent_);
+  received_.clear();
+  sent_.clear();
+  return out;
+}
+
 StagePlaneStats StagePlane::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

@@ -2252,6 +2252,153 @@ TEST(StageResumeTest, OverHttpTheNewNodeFetchesTheKeptStagesTensorsAndTheyServeT
   }
 }
 
+// A stage run's evidence keeps every tensor it received and sent in a file of the evidence's
+// folder, named by its hash, not in memory: after each step's Publish the plane holds none of the
+// step's tensors (moved out, not copied) and the evidence's memory holds the step commits alone,
+// whatever the steps; a fetch is served from the files, bit for bit; a file cut short or gone is
+// an error naming it; the sent tensors' files go when the run ended whole (DropSent), the rest
+// when the steps are withdrawn.
+TEST(StageEvidenceFilesTest, AStageRunKeepsItsTensorsInFilesAndItsMemoryHoldsTheCommitsAlone) {
+  constexpr uint64_t kSteps = 3;
+  for (const char* toml : {kStageMlp, kStageGpt}) {
+    const ModelSpec spec = StageParseModel(toml);
+    SCOPED_TRACE(spec.kind);
+    const StageContext ctx = StageCtx();
+    StagePlaneOptions opt;
+    opt.keep_sent = true;
+    opt.checkpoint_every = 0;
+    std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
+    std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+    const std::vector<Batch> batches = StageBatches(spec, static_cast<int>(kSteps));
+    // What the plane still held after each step's Publish (the old store copied the step's
+    // tensors out of the plane and kept them in memory).
+    std::vector<uint64_t> plane_left(3, 0);
+    std::vector<Result<StageUnitOutcome>> out(3, Internal("not run"));
+    {
+      std::vector<std::thread> threads;
+      for (uint32_t s = 0; s < 3; ++s) {
+        threads.emplace_back([&, s] {
+          StageEvidence* evidence = &nodes[s]->evidence;
+          StagePlane* plane = nodes[s]->plane.get();
+          StageRunHooks hooks;
+          hooks.checkpoint = [evidence, &ctx, s](uint64_t step, engine::TrainState& state) {
+            return evidence->SaveCheckpoint({ctx.task, ctx.round, ctx.replica, s, step}, state);
+          };
+          hooks.publish = [&, evidence, plane, s](const StageStepCommit& c,
+                                                  std::map<Hash256, Bytes> tensors) {
+            Status published = evidence->Publish(c, std::move(tensors));
+            for (const auto& m : {plane->received(), plane->sent()}) {
+              for (const auto& [hash, b] : m) plane_left[s] += b.size();
+            }
+            return published;
+          };
+          out[s] = RunStageUnit(*stages[s], *nodes[s]->plane, batches, kStageDropoutSeed, hooks);
+        });
+      }
+      for (std::thread& t : threads) t.join();
+    }
+    net::HttpTransport verifier;
+    for (uint32_t s = 0; s < 3; ++s) {
+      ASSERT_TRUE(out[s].ok()) << out[s].status().ToString();
+      StageEvidence& ev = nodes[s]->evidence;
+      EXPECT_EQ(plane_left[s], 0u) << "stage " << s;
+      uint64_t commits = 0;
+      std::map<Hash256, uint64_t> tensors;  // every tensor of its records, received and sent
+      for (const StageStepCommit& c : out[s]->commits) {
+        commits += protocol::EncodeStageStepCommit(c).size();
+        for (const auto* list : {&c.received, &c.sent}) {
+          for (const StageTransfer& r : *list) tensors[r.tensor] = r.bytes;
+        }
+      }
+      ASSERT_FALSE(tensors.empty());
+      uint64_t tensor_bytes = 0;
+      for (const auto& [hash, bytes] : tensors) {
+        tensor_bytes += bytes;
+        Result<std::string> path = ev.TensorFile(hash);
+        ASSERT_TRUE(path.ok()) << path.status().ToString();
+        Result<std::string> file = Env::Default()->ReadFile(*path);
+        ASSERT_TRUE(file.ok()) << file.status().ToString();
+        ASSERT_EQ(file->size(), bytes) << *path;
+        EXPECT_EQ(engine::TensorHash(StageTensorFromBytes(ToBytes(*file))), hash) << *path;
+      }
+      EXPECT_EQ(ev.tensor_file_bytes(), tensor_bytes) << "stage " << s;
+      EXPECT_EQ(ev.memory_bytes(), commits) << "stage " << s;
+      EXPECT_EQ(ev.bytes(), commits + ev.checkpoint_file_bytes() + tensor_bytes);
+      // Served from the files: every step's received tensors (what a verifier replays from) and
+      // the tensors sent to each neighbour (what a resume re-runs it from), bit for bit.
+      for (const StageStepCommit& c : out[s]->commits) {
+        const StageStepRef ref = StageStepRefOf(c);
+        Result<StageStepEvidence> got =
+            FetchStageStepRecords(&verifier, nodes[s]->server->endpoint(), ref);
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_EQ(got->blobs.size(), c.received.size());
+        for (const StageTransfer& r : c.received) {
+          ASSERT_EQ(got->blobs.count(r.tensor), 1u) << r.key.ToString();
+          EXPECT_EQ(engine::TensorHash(StageTensorFromBytes(got->blobs.at(r.tensor))), r.tensor);
+        }
+        for (uint32_t to : {s - 1, s + 1}) {
+          if (to >= 3) continue;
+          Result<StageStepEvidence> sent =
+              FetchStageStepSent(&verifier, nodes[s]->server->endpoint(), ref, to);
+          ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+          size_t want = 0;
+          for (const StageTransfer& r : c.sent) {
+            if (r.key.to_stage != to) continue;
+            ++want;
+            ASSERT_EQ(sent->blobs.count(r.tensor), 1u) << r.key.ToString();
+            EXPECT_EQ(sent->blobs.at(r.tensor),
+                      ToBytes(*Env::Default()->ReadFile(*ev.TensorFile(r.tensor))));
+          }
+          EXPECT_GT(want, 0u);
+          EXPECT_EQ(sent->blobs.size(), want);
+        }
+      }
+    }
+
+    // Stage 1's file of a tensor it received at step 0 cut short, and one of step 1's deleted
+    // behind the evidence's back: the fetch is an error naming the file.
+    const StageStepCommit& c0 = out[1]->commits[0];
+    const std::string cut = *nodes[1]->evidence.TensorFile(c0.received[0].tensor);
+    ASSERT_TRUE(Env::Default()->WriteFileAtomic(cut, "cut").ok());
+    Result<StageStepEvidence> short_file =
+        FetchStageStepRecords(&verifier, nodes[1]->server->endpoint(), StageStepRefOf(c0));
+    EXPECT_EQ(short_file.status().code(), StatusCode::kDataLoss) << short_file.status().ToString();
+    EXPECT_NE(short_file.status().message().find(cut), std::string::npos)
+        << short_file.status().ToString();
+    const StageStepCommit& c1 = out[1]->commits[1];
+    const std::string gone = *nodes[1]->evidence.TensorFile(c1.received[0].tensor);
+    ASSERT_TRUE(Env::Default()->DeleteFile(gone).ok());
+    Result<StageStepEvidence> no_file =
+        FetchStageStepRecords(&verifier, nodes[1]->server->endpoint(), StageStepRefOf(c1));
+    EXPECT_EQ(no_file.status().code(), StatusCode::kDataLoss) << no_file.status().ToString();
+    EXPECT_NE(no_file.status().message().find(gone), std::string::npos)
+        << no_file.status().ToString();
+
+    // The run ended whole: its sent tensors' files go, its received ones stay served.
+    StageEvidence& ev0 = nodes[0]->evidence;
+    const StageStepRef unit{ctx.task, ctx.round, ctx.replica, 0, 0};
+    std::vector<std::string> sent_files, received_files;
+    for (const StageStepCommit& c : out[0]->commits) {
+      for (const StageTransfer& r : c.sent) sent_files.push_back(*ev0.TensorFile(r.tensor));
+      for (const StageTransfer& r : c.received) received_files.push_back(*ev0.TensorFile(r.tensor));
+    }
+    const uint64_t before = ev0.tensor_file_bytes();
+    const uint64_t dropped = ev0.DropSent(unit);
+    EXPECT_GT(dropped, 0u);
+    EXPECT_EQ(ev0.tensor_file_bytes(), before - dropped);
+    for (const std::string& f : sent_files) EXPECT_FALSE(Env::Default()->FileExists(f)) << f;
+    for (const std::string& f : received_files) EXPECT_TRUE(Env::Default()->FileExists(f)) << f;
+    // Withdrawn (the round is final): no file of the evidence is left.
+    const std::string dir = std::filesystem::path(received_files.at(0)).parent_path().string();
+    EXPECT_EQ(ev0.WithdrawRoundsBefore(ctx.task, ctx.round + 1), kSteps);
+    EXPECT_EQ(ev0.tensor_file_bytes(), 0u);
+    EXPECT_EQ(ev0.bytes(), 0u);
+    Result<std::vector<std::string>> left = Env::Default()->ListDir(dir);
+    ASSERT_TRUE(left.ok()) << left.status().ToString();
+    EXPECT_TRUE(left->empty()) << left->front();
+  }
+}
+
 // When the resume at k cannot be made -- a kept stage's node no longer holds a tensor the lost
 // stage needs, a recomputed tensor differs from what the lost node signed, or a swap is offered a
 // record that is not the new node's or not the same tensor -- it fails naming the tensor, and the
@@ -2990,6 +3137,25 @@ TEST(StageLedgerTest, StagesPlacedByTheLedgerTrainOverHttpBitEqualToMeshlearnDil
   EXPECT_EQ(*boundary, (std::vector<uint64_t>{2 * one_way, 2 * one_way}));
   EXPECT_EQ(facts.stage_boundary_bytes, *boundary);
   EXPECT_EQ(params.stage_boundary_bytes, *boundary);
+  // Each stage's need is its CutCosts estimate and a copy of the tensors it receives and sends in
+  // a step, which its node's plane holds until their evidence files are written (the files hold
+  // the round's): the boundaries beside it, and the tied wte and its head gradient on stages 0
+  // and 2.
+  Result<std::vector<engine::StageCost>> costs =
+      engine::CutCosts(t.model, t.optimizer, *cut, t.batch_size, t.seq_len, t.micro_batches);
+  ASSERT_TRUE(costs.ok()) << costs.status().ToString();
+  const uint64_t tied = uint64_t{2} * 4 * static_cast<uint64_t>(t.model.gpt.vocab_size) *
+                        static_cast<uint64_t>(t.model.gpt.n_embd);
+  const std::vector<uint64_t> step_tensors{(*boundary)[0] + tied, (*boundary)[0] + (*boundary)[1],
+                                           (*boundary)[1] + tied};
+  Result<StageTerms> terms = StageTermsOf(t, net);
+  ASSERT_TRUE(terms.ok()) << terms.status().ToString();
+  EXPECT_EQ(terms->step_tensor_bytes, step_tensors);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(params.stage_memory_bytes[s],
+              static_cast<uint64_t>(std::ceil((*costs)[s].total_bytes())) + step_tensors[s])
+        << s;
+  }
   EXPECT_TRUE(ledger::ValidateTaskTerms(params, 1'000'000, 20, false, 0).ok());
   // A whole unit's need is the stages' formula for the whole model as one stage
   // (UnitMemoryBytes: engine::CutCosts), more than any stage's.

@@ -234,13 +234,26 @@ Result<StageTerms> StageTermsOf(const engine::TaskSpec& task, const NetworkSpec&
   ML_ASSIGN_OR_RETURN(std::vector<engine::StageCost> costs,
                       engine::CutCosts(task.model, task.optimizer, cut, task.batch_size,
                                        task.seq_len, task.micro_batches));
-  for (const engine::StageCost& c : costs) {
-    terms.memory_bytes.push_back(NeedBytes(c));
-    terms.flops.push_back(c.flops);
-  }
   ML_ASSIGN_OR_RETURN(
       terms.boundary_bytes,
       engine::CutBoundaryBytes(task.model, cut, task.batch_size, task.seq_len, task.micro_batches));
+  const size_t stages = costs.size();
+  for (size_t s = 0; s < stages; ++s) {
+    // A copy of every tensor the stage received and sent in a step, which its node's plane holds
+    // beside the stage until the step's evidence writes them to files (StageEvidence::Publish):
+    // the boundaries on either side (each boundary's bytes are the activations one way and their
+    // gradients the other), and a GPT's tied weight and its head gradient between stages 0 and
+    // S-1 (the one-float sums are left out).
+    uint64_t step_tensors =
+        (s > 0 ? terms.boundary_bytes[s - 1] : 0) + (s + 1 < stages ? terms.boundary_bytes[s] : 0);
+    if (task.model.kind == "gpt" && (s == 0 || s + 1 == stages)) {
+      step_tensors += 2 * 4 * static_cast<uint64_t>(task.model.gpt.vocab_size) *
+                      static_cast<uint64_t>(task.model.gpt.n_embd);
+    }
+    terms.step_tensor_bytes.push_back(step_tensors);
+    terms.memory_bytes.push_back(NeedBytes(costs[s]) + step_tensors);
+    terms.flops.push_back(costs[s].flops);
+  }
   ML_ASSIGN_OR_RETURN(engine::MemoryEstimate eval, engine::EstimateEvaluationMemory(task));
   terms.eval_memory_bytes = static_cast<uint64_t>(std::ceil(eval.total()));
   return terms;
@@ -385,10 +398,9 @@ Result<StageUnitOutcome> RunStageUnit(engine::Stage& stage, StagePlane& plane,
     }
     if (hooks.publish) {
       // The tensors it sent too, with keep_sent (else none): what the node that replaces a lost
-      // neighbour re-runs that neighbour's steps from (stage_resume.h).
-      std::map<Hash256, Bytes> served = plane.received();
-      served.merge(plane.sent());
-      ML_RETURN_IF_ERROR(hooks.publish(step.commit, std::move(served)));
+      // neighbour re-runs that neighbour's steps from (stage_resume.h). Moved out of the plane:
+      // the step's evidence writes them to files, and memory holds no second copy.
+      ML_RETURN_IF_ERROR(hooks.publish(step.commit, plane.TakeStepTensors()));
     }
     run.losses.push_back(step.loss);
     run.commits.push_back(std::move(step.commit));

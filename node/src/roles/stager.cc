@@ -115,10 +115,10 @@ Status Stager::Start(const UnitAssignment& a) {
   // (docs/protocol.md, "The resume step", says why), and a keeper holds its neighbour's
   // checkpoint in memory beside its own stage (tens of MB for a 10M GPT stage), which the
   // ledger's placement by stage_memory_bytes does not count.
-  // The tensors a stage sends are kept and served with its steps' evidence (keep_sent) until
-  // the round is final, beside those it received: what the node that replaces a lost neighbour
-  // re-runs that neighbour's steps from. The same bytes as the received ones (each boundary's
-  // tensors are received by one stage and sent by the other: stage_boundary_bytes a step).
+  // The tensors a stage sends are kept and served with its steps' evidence (keep_sent) while the
+  // run lasts, beside those it received: what the node that replaces a lost neighbour re-runs
+  // that neighbour's steps from. The plane holds one step's (StageTerms::step_tensor_bytes,
+  // counted in stage_memory_bytes); the evidence keeps them in files (StageEvidence::Publish).
   StagePlaneOptions plane_options = node_->options().stage_plane;
   plane_options.checkpoint_every = 0;
   plane_options.keep_sent = true;
@@ -281,7 +281,7 @@ Status Stager::Collect(const NodeWork& work) {
   }
   // A run that ended whole is resumed by no neighbour (a replica re-run after it runs from the
   // round's start): the tensors it sent are no longer served, only those it received, which its
-  // verifiers replay from. So keep_sent holds one run's sent tensors at a time.
+  // verifiers replay from. So the evidence folder holds one run's sent tensors at a time.
   evidence_.DropSent({.task = run->a.task_id,
                       .round = run->a.round,
                       .replica = run->a.stage->replica,

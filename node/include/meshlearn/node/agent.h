@@ -260,8 +260,8 @@ struct AgentStats {
   uint64_t stage_steps_trained = 0;
   uint64_t stage_steps_recomputed = 0;
   uint64_t stage_resumes = 0;  // runs that resumed at a step k > 0 (kept or new node)
-  // What the node serves of its stage steps for their verifiers (checkpoint files on disk and
-  // received tensors in memory) until their rounds are final; a gauge.
+  // What the node serves of its stage steps for their verifiers (checkpoint and tensor files on
+  // disk, the step commits in memory: StageEvidence::bytes) until their rounds are final; a gauge.
   uint64_t stage_evidence_bytes = 0;
   // Whole-model trainers built (one per task a role trained, replayed or evaluated whole: the
   // whole model's weights, gradients and optimizer moments). A node that only ran stage units

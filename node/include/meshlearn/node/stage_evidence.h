@@ -15,14 +15,27 @@
 // The checkpoints (a stage's weights and both AdamW moments, tens of MB a step) are files, one a
 // step, in the evidence's folder (a node's HomeLayout::StageEvidenceDir), written straight from
 // the stage's tensors (engine::WriteCheckpoint: no copy of them in memory) and read a slice at a
-// time as verifiers ask: a node holds none of them in memory, only the commits and the received
-// tensors (activations and their gradients, small). Each write has a file name of its own, never
-// written again, and is served only once complete (Publish, after the step; until then what was
-// served for the step, if anything, stays served): a reader sees a whole file or none, as with a
-// rename. A step's file is deleted when it is withdrawn or replaced, and a node deletes every file
-// an earlier process left when it starts (DeleteLeftovers, from the NodeAgent's constructor: a
-// restart serves nothing of what it trained before; a file cut short by a crash goes with them),
-// not at its first stage step, which may never come.
+// time as verifiers ask. Each write has a file name of its own, never written again, and is served
+// only once complete (Publish, after the step; until then what was served for the step, if
+// anything, stays served): a reader sees a whole file or none, as with a rename.
+//
+// The tensors a step received and sent (activations and their gradients: 6 MB a boundary a step
+// for the 10M GPT, so hundreds of MB over a round's steps) are files too, content-addressed in the
+// same folder: "tensor-<TensorHash hex>.f32", the raw float32 bytes, written whole by Publish
+// before the step is served (as a checkpoint file: a reader sees a whole file or none), and
+// shared by every served step that lists the hash (counted; the file goes with the last). A
+// verifier's slice is read from the file, which must have the size it was written with: a file
+// gone or of another size is an error naming the file (DataLoss). Its content is not hashed
+// again when served: the verifier checks every tensor against its sender's signed record anyway
+// (a stage that serves other floats than it got is the replay's `input` finding, whatever
+// changed them). So the node's memory holds the commits and one step's tensors (the plane's,
+// until the step's Publish), whatever the round's steps.
+//
+// A step's files are deleted when it is withdrawn or replaced (a sent tensor's also by DropSent,
+// when the unit's run ended whole), and a node deletes every file an earlier process left when it
+// starts (DeleteLeftovers, from the NodeAgent's constructor: a restart serves nothing of what it
+// trained before; a file cut short by a crash goes with them), not at its first stage step, which
+// may never come.
 //
 // The verifier trusts nothing it fetches: the commit must decode and be the step it asked for,
 // its signatures are checked by the replay, a checkpoint must hash to state_before, a tensor must
@@ -98,8 +111,12 @@ class StageEvidence {
   Status SaveCheckpoint(const StageStepRef& ref, engine::TrainState& state);
   // Serves the step of `commit`, whose checkpoint SaveCheckpoint wrote (replacing what was served
   // for it, and deleting its file): `received`, the tensors the stage received that step by hash
-  // (StageTensorBytes; StagePlane::received()), and any it sent (StagePlane::sent()).
-  // FailedPrecondition when no checkpoint of the step was saved since its last Publish.
+  // (StageTensorBytes; StagePlane::received()), and any it sent (StagePlane::sent()), each
+  // written to its tensor file (unless a served step holds it already) before the step is served
+  // and freed as it is written (the file is named by the key: the plane's keys are the tensors'
+  // TensorHash).
+  // FailedPrecondition when no checkpoint of the step was saved since its last Publish (nothing
+  // written); a write's error naming the file (nothing of the step served anew).
   Status Publish(const protocol::StageStepCommit& commit, std::map<Hash256, Bytes> received);
   // Serves `commit` in place of the commit published for its step, keeping the step's checkpoint
   // and received tensors: a stage drawn for a forced error serves its forced commits
@@ -116,10 +133,16 @@ class StageEvidence {
   // Stops serving every step of `task` in a round before `round` (rounds [0, round) are final;
   // UINT32_MAX: the whole task), and deletes their files. Returns the steps withdrawn.
   size_t WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round);
-  // The bytes of the steps served: commits and received tensors (in memory) and checkpoint
-  // files (on disk: checkpoint_file_bytes()).
+  // The bytes of the steps served: commits (in memory: memory_bytes()), checkpoint files and
+  // tensor files (on disk: checkpoint_file_bytes() and tensor_file_bytes(), a tensor counted once
+  // however many steps list it).
   uint64_t bytes() const;
+  uint64_t memory_bytes() const;
   uint64_t checkpoint_file_bytes() const;
+  uint64_t tensor_file_bytes() const;
+  // The file a tensor of the served steps is in (whether or not it still exists on disk); NotFound
+  // when no served step lists `tensor`.
+  Result<std::string> TensorFile(const Hash256& tensor) const;
   // The checkpoint file served for a step, or else the one SaveCheckpoint wrote for its next
   // Publish; NotFound when there is neither.
   Result<std::string> CheckpointFile(const StageStepRef& ref) const;
@@ -139,13 +162,23 @@ class StageEvidence {
     // What is served, once Publish gave the step's commit.
     bool published = false;
     Bytes commit;
-    std::map<Hash256, Bytes> tensors;
+    std::map<Hash256, uint64_t> tensors;  // received and sent, by hash: their sizes (files_)
     Checkpoint checkpoint;
     // Written for the step's next Publish (a run of the step under way); what is served stays
     // served until then.
     Checkpoint pending;
   };
-  void DeleteFiles(const Entry& e) const;
+  // A tensor file and the served steps that list it.
+  struct TensorFileRef {
+    uint64_t bytes = 0;
+    uint64_t refs = 0;
+  };
+  std::string TensorPath(const Hash256& tensor) const;
+  // Deletes an entry's checkpoint files and drops its tensors. REQUIRES: mu_ held.
+  void DeleteFiles(const Entry& e);
+  // One served step no longer lists each of `tensors`: a file no step lists is deleted.
+  // REQUIRES: mu_ held.
+  void ReleaseTensors(const std::map<Hash256, uint64_t>& tensors);
   Result<Bytes> HandleStep(const net::Request& r) const;
   Result<Bytes> HandleSlice(const net::Request& r) const;
 
@@ -155,6 +188,7 @@ class StageEvidence {
   bool created_ = false;  // the folder exists (the first SaveCheckpoint made it)
   uint64_t writes_ = 0;   // checkpoint files written: each a name of its own
   std::map<StageStepRef, Entry> steps_;
+  std::map<Hash256, TensorFileRef> files_;  // every tensor file, by its tensor's hash
 };
 
 struct StageStepEvidence {

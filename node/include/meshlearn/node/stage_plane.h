@@ -244,6 +244,10 @@ class StagePlane {
   std::map<Hash256, Bytes> received() const;
   // With keep_sent, the tensors the stage sent this step, by hash (as received()); else empty.
   std::map<Hash256, Bytes> sent() const;
+  // The step's received() and sent() together, moved out (the plane holds neither after): what
+  // the step's evidence writes to its files (StageEvidence::Publish), without a second copy of
+  // the step's tensors in memory. Call it once the step ended.
+  std::map<Hash256, Bytes> TakeStepTensors();
   StagePlaneStats stats() const;
 
   // The handlers of "stage.push" and "stage.keep" (public for tests that drive them without

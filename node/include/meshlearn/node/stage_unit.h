@@ -114,15 +114,20 @@ Status ApplyStageRound(GlobalState* state, const StageLayout& layout,
 // ---- The ledger's terms of a pipeline task.
 
 // A pipeline task's terms, for the cut engine::TaskPipelineCut chooses or checks: per stage its
-// memory (engine::CutCosts total bytes, rounded up) and training FLOPs of one step, and per
-// boundary the bytes a step moves across it (engine::CutBoundaryBytes). The one derivation of
-// TaskFacts' (ComputeTaskFacts) and so of the ledger's (MakeTaskParams) and of what a node
-// compares them with (CheckBundleMatchesLedger). And what the round's aggregator holds of the
+// memory (engine::CutCosts total bytes, rounded up, plus the step's tensors its node's plane
+// holds until their evidence files are written: step_tensor_bytes) and training FLOPs of one
+// step, and per boundary the bytes a step moves across it (engine::CutBoundaryBytes). The one
+// derivation of TaskFacts' (ComputeTaskFacts) and so of the ledger's (MakeTaskParams) and of what a
+// node compares them with (CheckBundleMatchesLedger). And what the round's aggregator holds of the
 // whole model: it trains none of it, it evaluates each round's state with the weights alone
 // (engine::EstimateEvaluationMemory's total, rounded up; TaskParams::eval_memory_bytes, which
 // protocol::AggregatorMemoryBytes counts in place of a whole unit's training need).
 struct StageTerms {
-  std::vector<uint64_t> memory_bytes;    // per stage
+  std::vector<uint64_t> memory_bytes;  // per stage, step_tensor_bytes included
+  // Per stage: the bytes of the tensors it receives and sends in one step (the boundaries on
+  // either side; a GPT's tied weight and head gradient on stages 0 and S-1), which its node's
+  // plane holds for one step before StageEvidence writes them to files (docs/node.md).
+  std::vector<uint64_t> step_tensor_bytes;
   std::vector<uint64_t> flops;           // per stage
   std::vector<uint64_t> boundary_bytes;  // per boundary s|s+1
   uint64_t eval_memory_bytes = 0;        // the aggregator's engine::Evaluator
