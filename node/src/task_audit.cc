@@ -43,8 +43,10 @@ Result<FraudProofSend> FraudProofFor(const json& task, const AuditUnit& u,
   }
   // Over the bound: the late game, on the unit as the ledger holds it.
   const json* unit = nullptr;
-  for (const json& j : task.value("units", json::array())) {
-    if (j.value("index", UINT32_MAX) == u.index) unit = &j;
+  if (task.contains("units") && task["units"].is_array()) {
+    for (const json& j : task["units"]) {
+      if (j.value("index", UINT32_MAX) == u.index) unit = &j;
+    }
   }
   if (unit == nullptr) return InvalidArgument(what + ": the task record lists no such unit");
   ledger::TaskRecord t;
