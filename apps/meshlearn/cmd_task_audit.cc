@@ -17,13 +17,13 @@
 
 #include <fmt/format.h>
 
+#include "meshlearn/base/clock.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/ledger/rpc_client.h"
 #include "meshlearn/ledger/tx.h"
-#include "meshlearn/base/clock.h"
 #include "meshlearn/net/http_transport.h"
 #include "meshlearn/node/agent.h"
 #include "meshlearn/node/chain_client.h"

@@ -284,6 +284,9 @@ TEST(FraudProofSimTest, TheAuditorPlaysLateGamesAgainstTheSolversNodesAndTheHone
     ASSERT_TRUE(sim.Step().ok());
     if (!sim.Task(false)["verification"]["late_games"].empty()) {
       ++held_blocks;
+      // Past the height the nodes release the task at (its audit window's end + 1): still held.
+      EXPECT_GT(sim.agent(1)->pin_book()->ClosedSeen(sim.task_id()), 0u)
+          << "the honest solver released the task while a game on its unit is open";
       EXPECT_TRUE(sim.store(1)->HasBlob(net::BlobId{honest_start}))
           << "the honest solver let its unit's start state go while its game is open";
     }
