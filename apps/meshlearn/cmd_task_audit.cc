@@ -3,22 +3,29 @@
 // (all of them with --full, else a seeded random sample) and checks every recorded hash, printing
 // the chain from the initial weights to the final model and a verdict (node/task_audit.h does the
 // work; docs/submitters.md "Audit a task"). With --prove every unit whose commitment does not
-// replay is proven on chain (ProveFraudTx: the witness of its first segment that misses its leaf).
+// replay is proven on chain (ProveFraudTx: the witness of its first segment that misses its leaf;
+// a witness over the ledger's 8 MiB bound opens a late game instead, LateChallengeTx, whose
+// challenger's side the command then plays until it is ruled: PlayLateGames).
 // It hangs under `meshlearn task`, which cmd_task.cc creates.
 #include <chrono>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "meshlearn/base/clock.h"
 #include "meshlearn/base/keyfile.h"
 #include "meshlearn/base/progress.h"
 #include "meshlearn/cli.h"
 #include "meshlearn/engine/backend.h"
 #include "meshlearn/ledger/rpc_client.h"
 #include "meshlearn/ledger/tx.h"
+#include "meshlearn/net/http_transport.h"
+#include "meshlearn/node/agent.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/task_audit.h"
 #include "meshlearn/node/task_bundle.h"
@@ -67,6 +74,21 @@ std::string Hex16(const Hash256& h) {
 // What became of a unit's fraud proof (AuditUnit::proof, made by SendFraudProof).
 std::string ProofLine(const node::AuditUnit& u) {
   const json& p = u.proof;
+  if (p.value("late", false) && p.contains("ruled")) {  // a late game played to its end
+    if (!p.value("proven", false)) {
+      return fmt::format(
+          "segment {}: a late game ({} bytes of witness, over the ledger's limit) ruled for {}{}: "
+          "not proven, the bond paid the solver's re-run",
+          u.fraud_segment, p.value("witness_bytes", uint64_t{0}),
+          p.value("ruled", std::string("nobody")),
+          p.contains("reason") ? " (" + p.value("reason", std::string()) + ")" : "");
+    }
+    return fmt::format(
+        "segment {}: a late game ({} bytes of witness, over the ledger's limit) ruled for the "
+        "challenger: PROVEN; solver slashed {}, {} clawed back, bounty {}, the bond back",
+        u.fraud_segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
+        p.value("clawed_back", uint64_t{0}), p.value("bounty", uint64_t{0}));
+  }
   if (!p.value("sent", false) || !p.value("ok", false)) {
     return fmt::format("segment {}: {}",
                        u.fraud_segment < 0 ? std::string("-") : std::to_string(u.fraud_segment),
@@ -139,25 +161,141 @@ json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
   return out;
 }
 
-// Sends the ProveFraud of unit `u`'s segment witness `w`.
+// Sends what proves unit `u`'s failed segment `w` (node::FraudProofFor): its ProveFraud when the
+// witness fits a transaction, else a LateChallenge, whose game the audit then plays
+// (PlayLateGames). `task` is the record with units.
 json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
-                    const Hash256& task_id, const node::AuditUnit& u,
-                    const node::BuiltSegmentWitness& w) {
+                    const json& task, const node::AuditUnit& u, const node::BuiltSegmentWitness& w,
+                    const node::BlobGetter& get) {
   json out = {{"segment", w.segment},
               {"committed_end", w.committed_end.ToHex()},
               {"replayed_end", w.replayed_end.ToHex()},
               {"sent", false}};
-  Bytes witness = ledger::EncodeSegmentWitness(w.witness);
-  out["witness_bytes"] = witness.size();
-  if (witness.size() > ledger::kMaxWitnessBytes) {
-    out["error"] = fmt::format(
-        "the witness of segment {} is {} bytes, over the ledger's limit of {} (the model's state "
-        "and {} batches); this unit cannot be proven on chain",
-        w.segment, witness.size(), ledger::kMaxWitnessBytes, w.witness.examples.size());
+  Result<node::FraudProofSend> f = node::FraudProofFor(task, u, w, get);
+  if (!f.ok()) {
+    out["error"] = f.status().message();
     return out;
   }
-  return SendProveFraud(rpc, key, chain_id, task_id, u, w.segment, std::move(witness),
-                        std::move(out));
+  out["witness_bytes"] = f->witness_bytes;
+  const Hash256 task_id = *Hash256::FromHex(task.value("id", std::string()));
+  if (!f->late) {
+    return SendProveFraud(rpc, key, chain_id, task_id, u, w.segment,
+                          std::get<ledger::ProveFraudTx>(f->tx).witness.bytes, std::move(out));
+  }
+  // Over the bound: the late game (docs/verification.md, "Over 8 MiB: a late dispute").
+  out["late"] = true;
+  out["bond"] = f->bond;
+  Result<uint64_t> nonce = ledger::FetchNextNonce(rpc, key.public_key());
+  if (!nonce.ok()) {
+    out["error"] = nonce.status().message();
+    return out;
+  }
+  const ledger::Transaction tx = ledger::BuildSignedTx(key, chain_id, *nonce, std::move(f->tx));
+  out["tx"] = ledger::TxId(tx).ToHex();
+  Result<json> done = ledger::SendTxAndWait(rpc, tx, 120000);
+  if (!done.ok()) {
+    out["error"] = "LateChallenge was not included: " + done.status().message();
+    return out;
+  }
+  out["sent"] = true;
+  const json receipt = done->value("receipt", json::object());
+  out["ok"] = receipt.value("ok", false);
+  if (!receipt.value("ok", false)) {
+    out["error"] = "the ledger refused the late challenge: " +
+                   receipt.value("reason", std::string("no reason given"));
+  }
+  return out;
+}
+
+// Plays the challenger's side of the late games `units` of task `id` that this audit opened
+// (an agent for `key` that is an account, not a node: node::AgentOptions::late_challenger)
+// until none is open, then records each game's ruling in its unit's proof.
+Status PlayLateGames(GlobalOptions& g, node::HttpChainClient& chain, net::BlobStore* store,
+                     const KeyPair& key, const Hash256& id, node::AuditReport* r) {
+  std::set<uint32_t> units;
+  for (const node::AuditUnit& u : r->units) {
+    if (u.proof.value("late", false) && u.proof.value("ok", false)) units.insert(u.index);
+  }
+  // And the games this key opened before (an audit stopped while it played them, run again: its
+  // LateChallenge is refused as open already, and the game goes on from where it is).
+  ML_ASSIGN_OR_RETURN(json record, GetTask(chain.rpc(), id, true));
+  for (const json& u : record.value("units", json::array())) {
+    if (u.contains("late") &&
+        u["late"].value("challenger", std::string()) == key.public_key().ToHex()) {
+      units.insert(u.value("index", 0u));
+    }
+  }
+  if (units.empty()) return Status::Ok();
+  net::HttpTransport transport;
+  node::AgentOptions opts;
+  opts.data_dir = JoinPath(JoinPath(g.Home().AuditDir(), id.ToHex()), "late");
+  opts.roles = 0;
+  opts.late_challenger = true;
+  opts.sleep = [](int64_t us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); };
+  if (!g.json) opts.log = [](const std::string& line) { std::cerr << line << std::endl; };
+  node::NodeAgent agent({.env = Env::Default(),
+                         .clock = SystemClock::Default(),
+                         .transport = &transport,
+                         .store = store,
+                         .chain = &chain,
+                         .key = key},
+                        opts);
+  ML_RETURN_IF_ERROR(agent.init_status());
+  if (!g.json) {
+    std::cerr << fmt::format(
+                     "playing the challenger's side of {} late game(s) on task {} (the solver "
+                     "answers each turn within blocks sized by the unit's work; Ctrl-C stops, "
+                     "and a silent challenger loses its bond)",
+                     units.size(), id.ShortHex())
+              << std::endl;
+  }
+  auto open = [&]() -> Result<bool> {
+    ML_ASSIGN_OR_RETURN(json t, GetTask(chain.rpc(), id, false));
+    for (const json& i : t["verification"].value("late_games", json::array())) {
+      if (units.count(i.get<uint32_t>())) return true;
+    }
+    return false;
+  };
+  for (;;) {
+    ML_ASSIGN_OR_RETURN(bool still, open());
+    if (!still) break;
+    Result<node::TickReport> tick = agent.Tick();
+    if (!tick.ok()) {
+      std::cerr << "late game: " << tick.status().message() << std::endl;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      continue;
+    }
+    if (tick->busy) continue;
+    (void)chain.Call("wait_block", {{"after", tick->height}, {"timeout_ms", 5000}});
+  }
+  // Each game's ruling (the last one on its unit with this key as challenger).
+  ML_ASSIGN_OR_RETURN(json t, GetTask(chain.rpc(), id, false));
+  const json v = t.value("verification", json::object());
+  for (node::AuditUnit& u : r->units) {
+    if (!units.count(u.index)) continue;
+    if (!u.proof.is_object()) u.proof = json::object();
+    u.proof["late"] = true;
+    u.proof["ruled"] = "silence";  // a party missed its turn: no referee ruling
+    for (const json& ru : v.value("rulings", json::array())) {
+      if (ru.value("index", UINT32_MAX) == u.index &&
+          ru.value("challenger", std::string()) == key.public_key().ToHex()) {
+        u.proof["ruled"] = ru.value("for", std::string());
+        u.proof["reason"] = ru.value("reason", std::string());
+      }
+    }
+    u.proof["proven"] = false;
+    for (const json& f : v.value("proven_frauds", json::array())) {
+      if (f.value("index", UINT32_MAX) != u.index) continue;
+      u.proof["proven"] = true;
+      u.proof["slashed"] = f.value("slashed", uint64_t{0});
+      u.proof["clawed_back"] = f.value("clawed_back", uint64_t{0});
+      u.proof["bounty"] = f.value("bounty", uint64_t{0});
+      u.proof["rewound"] = f.value("rewound", false);
+      u.proof["rewound_to"] = f.value("rewound_to", uint32_t{0});
+    }
+    u.proof["fraud_rounds"] = v.value("fraud_rounds", json::array());
+  }
+  return Status::Ok();
 }
 
 // Sends the ProveFraud of stage unit `u`'s step u.fraud_segment with the witness `w` the audit
@@ -334,18 +472,22 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
                 fmt::format("{} ({}/{} units)", p.status, p.units_done, p.units_total));
   };
   if (!g.json) o.log = [](const std::string& s) { std::cerr << s << std::endl; };
+  auto get = [&](const Hash256& h) { return FetchBlob(chain.rpc(), store.get(), net::BlobId{h}); };
   if (key) {
-    o.on_fraud = [&](const node::AuditUnit& u, const node::BuiltSegmentWitness& w) {
-      return SendFraudProof(chain.rpc(), *key, chain_id, id, u, w);
+    o.on_fraud = [&](const node::AuditUnit& u, const node::BuiltSegmentWitness& w) -> json {
+      Result<json> task = GetTask(chain.rpc(), id, true);  // the units as they are now
+      if (!task.ok()) return {{"sent", false}, {"error", task.status().message()}};
+      return SendFraudProof(chain.rpc(), *key, chain_id, *task, u, w, get);
     };
     o.on_stage_fraud = [&](const node::AuditUnit& u, const node::StageFraudProof& w) {
       return SendStageFraudProof(chain.rpc(), *key, chain_id, id, u, w);
     };
   }
-  auto get = [&](const Hash256& h) { return FetchBlob(chain.rpc(), store.get(), net::BlobId{h}); };
   const auto t0 = std::chrono::steady_clock::now();
   ML_ASSIGN_OR_RETURN(node::AuditReport r, node::AuditTask(env, chain, id, get, o));
   if (bar) bar->Finish();
+  // A unit whose proof was over the witness bound: its late game, played to its ruling.
+  if (key) ML_RETURN_IF_ERROR(PlayLateGames(g, chain, store.get(), *key, id, &r));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   json j = node::AuditReportToJson(r);
@@ -401,7 +543,9 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
                 "The task file, if you have it and its data: nothing of the task is fetched");
   c->add_flag("--prove", a.prove,
               "Prove every unit that fails on chain (ProveFraud: the ledger re-executes its first "
-              "segment that misses its committed leaf, slashes the solver, pays a bounty)");
+              "segment that misses its committed leaf, slashes the solver, pays a bounty; over "
+              "the 8 MiB witness bound a LateChallenge with a bond of the unit's cost, whose "
+              "dispute game the command plays until it is ruled)");
   c->add_option("--key", a.key,
                 "With --prove: the key that signs the proofs (`meshlearn keys list`)");
   c->add_option("--passphrase-file", a.passphrase_file, "Read the key's passphrase from this file");

@@ -387,8 +387,12 @@ function taskView(t) {
       `${v.forced_error} forced error, ${v.abandoned} abandoned; ${v.disputes} dispute(s) played to the end`),
     (v.proven_frauds || []).length
       ? h('p', {class: 'bad', 'data-k': 'task-proven-frauds'},
-          `fraud proven after the fact (ProveFraud): ${v.proven_frauds.map(f => `unit ${f.index} (round ${f.round}, segment ${f.segment}, ` +
+          `fraud proven after the fact (ProveFraud, or a late game won by its challenger: LateChallenge): ${v.proven_frauds.map(f => `unit ${f.index} (round ${f.round}, segment ${f.segment}, ` +
             `slashed ${f.slashed}, ${f.clawed_back} clawed back)`).join('; ')}; rounds marked: ${(v.fraud_rounds || []).join(', ')}`)
+      : null,
+    (v.late_games || []).length
+      ? h('p', {'data-k': 'task-late-games'},
+          `late games open (LateChallenge, the rounds final): unit(s) ${v.late_games.join(', ')}; the solver and the challenger play them as a dispute`)
       : null,
     h('h3', {}, 'Disputes and fraud'), disputeTimeline(t),
     h('h3', {}, 'Model and audit record'),
@@ -422,7 +426,8 @@ function taskView(t) {
 // or CommitStage for a pipeline stage),
 // who challenged it (RevealVerdict with a mismatch, ChallengeUnit, ProveResult, ProveMerits: the
 // merits of a challenge its solver fell silent in), how far the game
-// went (DisputePost and DisputeChildren by each side), how it was decided (RuleDispute: the
+// went (DisputePost and DisputeChildren by each side; LateChallenge: a game opened on a unit of a
+// final round by any account, with a bond), how it was decided (RuleDispute: the
 // referee's ruling; RefereeStep: the ledger executed the disputed step from a witness;
 // RefereeTile: it recomputed one tile of one operator, or ruled a whole step from operator roots;
 // RefereeStageStep: it replayed one stage's step, or ruled from two commits that a step does not
@@ -431,7 +436,7 @@ function taskView(t) {
 // being played adds its stage from the unit's check.
 const kGameTxs = ['RevealVerdict', 'ChallengeUnit', 'DisputePost', 'DisputeChildren', 'RuleDispute',
                   'RefereeStep', 'RefereeTile', 'RefereeStageStep', 'ServeStageEvidence', 'ProveResult',
-                  'ProveMerits'];
+                  'ProveMerits', 'LateChallenge'];
 function disputeTimeline(t) {
   const perRound = Math.max(1, Number(t.params.units_per_round));
   const attempts = [], latest = {};
@@ -447,7 +452,9 @@ function disputeTimeline(t) {
         attempts.push(latest[index]);
       } else if (kGameTxs.includes(tx.type) && latest[p.index]) {
         if (tx.type === 'RevealVerdict' && Number(p.verdict) !== 2) continue;  // 1: clean
-        latest[p.index].events.push({type: tx.type, height: b, sender: tx.sender, node: p.node_id});
+        // A late challenger is an account: its LateChallenge names no node (its moves name its key).
+        latest[p.index].events.push({type: tx.type, height: b, sender: tx.sender, node: p.node_id || tx.sender,
+                                     bond: p.bond});
       }
     }
   }
@@ -460,12 +467,17 @@ function disputeTimeline(t) {
     const posts = of('DisputePost').concat(of('DisputeChildren')).sort((x, y) => x.height - y.height);
     const mine = posts.filter(e => e.node === a.solver);
     const challengers = [...new Set(of('RevealVerdict').concat(of('ChallengeUnit'), of('ProveResult'), of('ProveMerits'),
+                                                                of('LateChallenge'),
                                                                 posts.filter(e => e.node !== a.solver)).map(e => e.node))];
     const first = a.events[0];
     const lines = [h('b', {}, `unit ${a.index} (round ${Math.floor(a.index / perRound)})`), ': committed by ',
                    nodeLink(a.solver, `dispute-${i}-solver`), ` at block ${a.height}`, h('br'),
                    'challenged by ', challengers.map((c, j) => [j ? ', ' : '', nodeLink(c, j ? null : `dispute-${i}-challenger`)]),
                    ` (${first.type} at block ${first.height})`];
+    for (const r of of('LateChallenge')) {
+      lines.push(h('br'), `a late game, its round final (LateChallenge at block ${r.height}, bond ${r.bond}: `,
+                 'the solver re-runs the unit to answer; the loser of the game pays)');
+    }
     if (of('ProveResult').length) lines.push(h('br'), `proved wrong on the ledger (ProveResult at block ${of('ProveResult')[0].height})`);
     if (posts.length) {
       lines.push(h('br'), `the game went ${posts.length} move(s): ${mine.length} by the solver, `,

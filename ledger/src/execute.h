@@ -209,10 +209,8 @@ void AddAwaitingSecrets(const LedgerState& s, const Hash256& task_id,
 Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& seed,
                    const Hash256& task_id, protocol::RoundStateMachine& m,
                    const AwaitingSecrets& awaiting);
-// Late disputes (LateChallengeTx; docs/verification.md, "Over 8 MiB: a late dispute").
-// The least bond a late challenge on committed unit `u` puts up: the unit's cost at its solver's
-// price (AssignedUnitCost), what the solver's re-run of the unit to answer the game is worth.
-Amount LateChallengeMinBond(const TaskRecord& t, const WorkUnit& u);
+// Late disputes (LateChallengeTx; docs/verification.md, "Over 8 MiB: a late dispute"); the least
+// bond, LateChallengeMinBond, is in state.h (a challenger's node computes it too).
 // Blocks each turn of a late game on a unit of `t` may take: the unit's work (UnitFlops) at a
 // floor throughput of 1 GFLOP/s in blocks of the chain's interval, at least
 // dispute_response_blocks.

@@ -541,6 +541,26 @@ json RpcService::Dispatch(const std::string& method, const json& params,
                            (me->roles & (kRoleWhistleblower | kRoleVerifier)) != 0;
       if (me.ok()) next_secret_index = me->secrets_committed + 1;
       for (const TaskRecord& t : c.ListTasks(0, UINT64_MAX)) {
+        // Late disputes (LateChallengeTx) on units of final rounds, of an open or a finished
+        // task alike: listed as checks with the unit's `late` view, to its solver (role solver,
+        // the defender) and to its challenger (role challenger: any account, the one that sent
+        // the LateChallenge), which both play the game as a live dispute's parties do.
+        for (uint32_t index : t.verification.late_games) {
+          Result<WorkUnit> wu = c.GetWorkUnit(t.id, index);
+          if (!wu.ok() || !wu->late.open() || wu->check.empty()) continue;
+          auto g = protocol::DisputeGame::Decode(wu->late.game);
+          auto m = protocol::RoundStateMachine::Decode(t.runtime);
+          if (!g.ok() || !m.ok() || wu->round >= m->weights_history().size()) continue;
+          const bool defender = g->config().defender == node;
+          if (!defender && g->config().challenger != node) continue;
+          json j = WorkUnitToJson(*wu);
+          j["roles"] = json::array({defender ? "solver" : "challenger"});
+          j["start_state"] = m->weights_history()[wu->round].ToHex();
+          j["spec_hash"] = t.spec_hash.ToHex();
+          Result<NodeRecord> solver = c.GetNode(g->config().defender);
+          j["solver_endpoint"] = solver.ok() ? solver->endpoint : "";
+          checks.push_back(std::move(j));
+        }
         if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
         auto m = protocol::RoundStateMachine::Decode(t.runtime);
         if (!m.ok()) continue;

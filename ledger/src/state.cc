@@ -610,7 +610,9 @@ nlohmann::json TaskToJson(const TaskRecord& t, std::optional<uint64_t> audit_win
                         {"reopened", t.verification.reopened},
                         {"proven_frauds", std::move(frauds)},
                         {"fraud_rounds", std::move(fraud_rounds)},
-                        {"rulings", std::move(rulings)}}}};
+                        {"rulings", std::move(rulings)},
+                        // The units with a late game open (LateChallengeTx), in opening order.
+                        {"late_games", t.verification.late_games}}}};
   if (audit_window_blocks) j["audit_window_end"] = AuditWindowEnd(t, *audit_window_blocks);
   return j;
 }

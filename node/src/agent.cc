@@ -144,7 +144,7 @@ void NodeAgent::Log(const std::string& line) {
 // ---- Membership ------------------------------------------------------------------------------
 
 Status NodeAgent::EnsureRegistered(uint64_t height) {
-  if (left_) return Status::Ok();
+  if (left_ || options_.late_challenger) return Status::Ok();
   if (!registered_) {
     if (tx_->HasInFlight(ledger::TxType::kRegisterNode) ||
         tx_->HasInFlight(ledger::TxType::kUpdateNode)) {
@@ -305,7 +305,7 @@ Result<std::optional<NodeWork>> NodeAgent::Prepare(TickReport* report) {
     Status reviewed = pins_->ReviewPins();
     if (!reviewed.ok()) Log("blob clean-up: " + reviewed.message());  // retried next time
   }
-  if (!registered_ && !left_) return std::optional<NodeWork>();
+  if (!registered_ && !left_ && !options_.late_challenger) return std::optional<NodeWork>();
   return std::optional<NodeWork>(std::move(work));
 }
 
@@ -317,9 +317,12 @@ Result<std::optional<NodeWork>> NodeAgent::Prepare(TickReport* report) {
 // honest node must not lose its stake for leaving (chaos seed 188). Whistleblower re-checks are
 // not obligations: it drops them.
 Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
+  // A late challenger is not a node: it only plays its late games, as a node that left plays
+  // the checks it is party to.
+  const bool takes_work = !left_ && !options_.late_challenger;
   std::vector<VerifyJob> urgent, later;
   PlayVerification(work, &urgent, &later);
-  if (left_) later.clear();
+  if (!takes_work) later.clear();
   const std::vector<const AggregationAssignment*> aggs = aggregator_->Pending(work);
   std::vector<const UnitAssignment*> units = solver_->Pending(work);
   std::erase_if(units, [](const UnitAssignment* u) { return u->stage.has_value(); });
@@ -333,7 +336,7 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
       replay_need = std::max(replay_need, StageReplayNeed(j));
     }
   }
-  if (!left_) RunStages(work, replay_need);
+  if (takes_work) RunStages(work, replay_need);
   const size_t due = urgent.size();
   std::erase_if(urgent, [&](const VerifyJob& j) { return WaitsForStageUnit(j, work.height); });
   std::erase_if(later, [&](const VerifyJob& j) { return WaitsForStageUnit(j, work.height); });
@@ -356,7 +359,7 @@ Status NodeAgent::RunOneJob(const NodeWork& work, TickReport* report) {
                    !units.empty();
     return Status::Ok();
   }
-  if (left_) return Status::Ok();
+  if (!takes_work) return Status::Ok();
   if (!aggs.empty()) {
     Status s = aggregator_->Run(*aggs.front());
     if (!s.ok()) {
@@ -488,6 +491,12 @@ void NodeAgent::PlayVerification(const NodeWork& work, std::vector<VerifyJob>* u
   for (const CheckAssignment& c : work.checks) {
     if (node_->Refused(c.task_id)) continue;
     live.insert(node_->VerifyDir(c));
+    if (c.late) {
+      // A late game on a unit of a final round: only its moves and witnesses (the check itself
+      // settled long ago). The solver re-runs the unit from the round's start state to answer.
+      disputes_->Play(c, urgent);
+      continue;
+    }
     if (c.solver == id()) solver_->PlayCheck(c);
     if (c.HasRole(CheckRole::kCheckRoleVerifier)) verifier_->Play(c, urgent);
     if (c.HasRole(CheckRole::kCheckRoleWhistleblower) &&

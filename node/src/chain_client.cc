@@ -329,6 +329,25 @@ Result<CheckAssignment> ParseCheck(const RpcAnswer& u) {
     a.dispute = std::move(v);
   }
   ML_RETURN_IF_ERROR(cf.Done());
+  if (u.Has("late")) {  // a late game: its dispute is the one this node plays
+    ML_ASSIGN_OR_RETURN(RpcAnswer late, f.Object("late"));
+    Fields lf(late, {"challenger", "segment", "bond", "game"});
+    PublicKey challenger;
+    lf.Read("challenger", &challenger).Read("segment", &a.late_segment);
+    lf.Read("bond", &a.late_bond);
+    ML_RETURN_IF_ERROR(lf.status());
+    ML_ASSIGN_OR_RETURN(RpcAnswer game, lf.Object("game"));
+    DisputeView v;
+    ML_RETURN_IF_ERROR(ParseDispute(game, &v));
+    ML_RETURN_IF_ERROR(lf.Done());
+    if (v.challenger != challenger) {
+      return late.Bad("challenger", "is not the challenger of its game " + v.challenger.ToHex());
+    }
+    // A move's job is ranked by its turn's deadline (the check's own is long past).
+    if (v.has_query) a.deadline_height = v.query_deadline;
+    a.dispute = std::move(v);
+    a.late = true;
+  }
 
   UnitRecord unit;
   ML_RETURN_IF_ERROR(ReadUnitFields(f, &unit));
@@ -470,6 +489,17 @@ Result<TaskInfo> ParseTask(const RpcAnswer& a) {
   f.Read("weights_history", &t.weights_history).Read("rounds_settled", &t.rounds_settled);
   ML_ASSIGN_OR_RETURN(RpcAnswer params, f.Object("params"));
   ML_ASSIGN_OR_RETURN(t.params, ParseTaskParams(params));
+  if (a.Has("verification")) {  // a bare TaskToJson has it; the late games only where open
+    ML_ASSIGN_OR_RETURN(RpcAnswer v, f.Object("verification"));
+    if (v.Has("late_games")) {
+      ML_ASSIGN_OR_RETURN(RpcAnswer late, v.Array("late_games"));
+      for (size_t i = 0; i < late.size(); ++i) {
+        ML_ASSIGN_OR_RETURN(uint64_t index, late.At(i).U64());
+        if (index > UINT32_MAX) return late.At(i).Bad("", "is not a unit index");
+        t.late_games.push_back(static_cast<uint32_t>(index));
+      }
+    }
+  }
   ML_ASSIGN_OR_RETURN(RpcAnswer units, f.Optional("units").Array("units"));  // with units=true
   for (size_t i = 0; i < units.size(); ++i) {
     ML_ASSIGN_OR_RETURN(UnitRecord u, ParseUnit(units.At(i)));

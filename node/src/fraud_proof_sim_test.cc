@@ -9,6 +9,7 @@
 // back to the submitter and the rounds are marked.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -31,7 +32,9 @@ constexpr uint32_t kFraudH = 8, kFraudK = 2;  // 4 segments a unit: a check repl
 struct PoisonedRun {
   VerifyFixture f;
   std::unique_ptr<SimHarness> sim;
-  explicit PoisonedRun(uint64_t seed) : f(seed, /*rounds=*/3, /*units=*/3, kFraudH, kFraudK) {
+  // `release_after_blocks`: AgentOptions' (how long the nodes keep a finished task's blobs).
+  explicit PoisonedRun(uint64_t seed, uint64_t release_after_blocks = 100)
+      : f(seed, /*rounds=*/3, /*units=*/3, kFraudH, kFraudK) {
     const std::string table = "[network]\n";
     f.toml.insert(f.toml.find(table) + table.size(), "assurance = \"economic\"\n");
     SimOptions o{
@@ -46,8 +49,9 @@ struct PoisonedRun {
       g.params.forced_error_per_million = 0;
       g.params.verifiers_per_unit = 1;
     };
-    o.agent_options = [](int i, AgentOptions& a) {
+    o.agent_options = [release_after_blocks](int i, AgentOptions& a) {
       if (i == 0) a.adversary = Adversary::kNoisy;
+      a.release_after_blocks = release_after_blocks;
     };
     sim = std::make_unique<SimHarness>(o);
     Status s = sim->Setup();
@@ -178,6 +182,155 @@ TEST(FraudProofSimTest, AnAuditProvesAnEscapedPoisonerAfterTheTaskFinished) {
   EXPECT_EQ(again->proven_frauds.size(), poisoned.size());
   EXPECT_EQ(again->fraud_rounds, v["fraud_rounds"]);
   EXPECT_EQ(AuditReportToJson(*again)["proven_frauds"], v["proven_frauds"]);
+}
+
+uint64_t BalanceOf(SimHarness& sim, const PublicKey& key) {
+  return sim.Call("get_account", {{"address", key.ToHex()}}).value("balance", uint64_t{0});
+}
+
+// A late dispute (LateChallengeTx; docs/verification.md, "Over 8 MiB: a late dispute") played
+// by the nodes: the full audit after the task finished finds the poisoner's paid units, and with
+// a witness bound of 0 bytes (what a model over about 500k parameters meets at 8 MiB) sends a
+// LateChallenge for each instead of a ProveFraud (FraudProofFor); the auditor's key also
+// challenges an honest node's unit with a false end. The auditor then plays the challenger's side
+// (an agent that is an account, not a node: AgentOptions::late_challenger) and the solvers' nodes
+// defend (node_work lists their late games), each re-running its unit from the round's start
+// state, which the nodes keep past their release while a game is open (pin_keeper.h). The lying
+// poisoner loses every game (slashed, jailed, its pay clawed back; the auditor's bonds back with
+// the bounties) and the honest solver wins (the false challenge's bond pays it the unit's cost).
+TEST(FraudProofSimTest, TheAuditorPlaysLateGamesAgainstTheSolversNodesAndTheHonestSideWins) {
+  constexpr uint64_t kSeed = 1;  // its poisoner escapes (above)
+  // The nodes let a finished task's blobs go as soon as its audit window closes.
+  PoisonedRun run(kSeed, /*release_after_blocks=*/0);
+  SimHarness& sim = *run.sim;
+  ASSERT_EQ(sim.Task(false).value("status", std::string()), "finished");
+  ASSERT_EQ(testing::Slashes(sim, 0), 0u);
+  const std::set<uint32_t> poisoned = run.PaidPoisonedUnits();
+  ASSERT_FALSE(poisoned.empty());
+  const json before = sim.Task(true);
+  const uint64_t audit_end = before.value("audit_window_end", uint64_t{0});
+  ASSERT_LT(sim.height(), audit_end);
+
+  // The audit, while the nodes still serve the task: every failed unit's fraud proof is a late
+  // challenge under a witness bound of 0.
+  const BlobGetter get = AllNodeBlobs(&sim, 5);
+  std::vector<ledger::LateChallengeTx> late;
+  AuditOptions o{.full = true, .work_dir = "/audit"};
+  o.on_fraud = [&](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
+    Result<FraudProofSend> f = FraudProofFor(before, u, w, get, /*max_witness_bytes=*/0);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    if (!f.ok()) return {{"error", f.status().message()}};
+    EXPECT_TRUE(f->late);
+    EXPECT_GT(f->witness_bytes, 0u);
+    late.push_back(std::get<ledger::LateChallengeTx>(f->tx));
+    EXPECT_EQ(late.back().bond, f->bond);
+    EXPECT_EQ(late.back().end, w.replayed_end);
+    return {{"late", true}};
+  };
+  Result<AuditReport> r = AuditTaskRecord(sim.env(), before, get, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  ASSERT_EQ(late.size(), poisoned.size());
+  // A false challenge of an honest node's paid unit: its first segment claimed to end elsewhere.
+  const std::string honest_node = sim.node_key(1).public_key().ToHex();
+  const json* honest = nullptr;
+  for (const json& u : before["units"]) {
+    if (u.value("assignee", std::string()) == honest_node && u.value("paid", uint64_t{0}) > 0) {
+      honest = &u;
+      break;
+    }
+  }
+  ASSERT_NE(honest, nullptr);
+  AuditUnit hu{.index = honest->value("index", 0u)};
+  for (const json& l : (*honest)["leaves"]) hu.leaves.push_back(*Hash256::FromHex(l.get<std::string>()));
+  BuiltSegmentWitness false_end{.segment = 0, .replayed_end = Blake2b("not its end")};
+  Result<FraudProofSend> f = FraudProofFor(before, hu, false_end, get, 0);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  late.push_back(std::get<ledger::LateChallengeTx>(f->tx));
+  const uint64_t honest_cost = f->bond;
+  ASSERT_GT(honest_cost, 0u);
+
+  // After the window: the challenges land in the block the nodes would release the task's blobs.
+  while (sim.height() < audit_end) ASSERT_TRUE(sim.Step().ok());
+  const PublicKey auditor = sim.submitter_key().public_key();
+  const uint64_t auditor_before = BalanceOf(sim, auditor);
+  const uint64_t solver_before = BalanceOf(sim, sim.node_key(1).public_key());
+  uint64_t bonds = 0;
+  std::set<Hash256> sent;
+  for (const ledger::LateChallengeTx& tx : late) {
+    Result<Hash256> id = sim.submitter_tx().Send(tx);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    sent.insert(*id);
+    bonds += tx.bond;
+  }
+  ASSERT_TRUE(sim.Step().ok());
+  ASSERT_TRUE(sim.submitter_tx().Poll().ok());
+  for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
+    EXPECT_TRUE(out.ok) << out.type << ": " << out.reason;
+    sent.erase(out.id);
+  }
+  ASSERT_TRUE(sent.empty()) << "every LateChallenge lands in the next block";
+  EXPECT_EQ(sim.Task(false)["verification"]["late_games"].size(), late.size());
+  EXPECT_EQ(BalanceOf(sim, auditor), auditor_before - bonds);
+
+  // The auditor plays its side; the nodes theirs. The round's start states stay served while
+  // the games are open, past the height the nodes would have released them at.
+  Result<int> challenger = sim.AddLateChallenger(sim.submitter_key());
+  ASSERT_TRUE(challenger.ok()) << challenger.status().ToString();
+  const Hash256 honest_start = *Hash256::FromHex(
+      before["weights_history"][honest->value("round", 0u)].get<std::string>());
+  uint64_t held_blocks = 0;
+  for (int b = 0; b < 400 && !sim.Task(false)["verification"]["late_games"].empty(); ++b) {
+    ASSERT_TRUE(sim.Step().ok());
+    if (!sim.Task(false)["verification"]["late_games"].empty()) {
+      ++held_blocks;
+      // Past the height the nodes release the task at (its audit window's end + 1): still held.
+      EXPECT_GT(sim.agent(1)->pin_book()->ClosedSeen(sim.task_id()), 0u)
+          << "the honest solver released the task while a game on its unit is open";
+      EXPECT_TRUE(sim.store(1)->HasBlob(net::BlobId{honest_start}))
+          << "the honest solver let its unit's start state go while its game is open";
+    }
+  }
+  const json after = sim.Task(true);
+  const json& v = after["verification"];
+  ASSERT_TRUE(v["late_games"].empty()) << v.dump();
+  EXPECT_GT(held_blocks, 0u);
+
+  // The poisoner lost every game: each of its units proven, slashed and jailed, its pay clawed
+  // back; the auditor has its bonds back and a bounty each.
+  std::set<uint32_t> proven;
+  uint64_t bounties = 0, clawed = 0;
+  for (const json& pf : v["proven_frauds"]) {
+    proven.insert(pf.value("index", 0u));
+    EXPECT_EQ(pf.value("prover", std::string()), auditor.ToHex()) << pf.dump();
+    bounties += pf.value("bounty", uint64_t{0});
+    clawed += pf.value("clawed_back", uint64_t{0});
+  }
+  EXPECT_EQ(proven, poisoned);
+  EXPECT_GT(bounties, 0u);
+  EXPECT_GT(testing::Slashes(sim, 0), 0u);
+  EXPECT_EQ(testing::Node(sim, 0).value("status", std::string()), "jailed");
+  EXPECT_EQ(after.value("final_state", std::string()), before.value("final_state", std::string()));
+  // The honest solver won: the false challenge's bond paid it the unit's cost; it keeps its
+  // stake, and the auditor lost that bond.
+  EXPECT_EQ(proven.count(hu.index), 0u);
+  EXPECT_EQ(BalanceOf(sim, sim.node_key(1).public_key()), solver_before + honest_cost);
+  // (The auditor is the task's submitter here: the poisoner's pay clawed back comes to it too.)
+  EXPECT_GT(clawed, 0u);
+  EXPECT_EQ(BalanceOf(sim, auditor), auditor_before - honest_cost + bounties + clawed);
+  testing::ExpectNeverSlashed(sim, {1, 2, 3, 4});
+  // Every game was played to the referee by the parties (no silence).
+  std::map<uint32_t, std::string> ruled;  // unit -> for whom
+  for (const json& ru : v["rulings"]) {
+    if (ru.value("challenger", std::string()) == auditor.ToHex()) {
+      ruled[ru.value("index", 0u)] = ru.value("for", std::string());
+    }
+  }
+  ASSERT_EQ(ruled.size(), late.size()) << v["rulings"].dump();
+  for (const auto& [index, side] : ruled) {
+    EXPECT_EQ(side, index == hu.index ? "defender" : "challenger") << "unit " << index;
+  }
+  EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
 // Within the audit window: the full audit's first proof (the poisoner's earliest paid unit)

@@ -10,7 +10,9 @@
 #include "meshlearn/base/rng.h"
 #include "meshlearn/engine/pipeline.h"
 #include "meshlearn/engine/step_replay.h"
+#include "meshlearn/ledger/referee_tile.h"
 #include "meshlearn/ledger/stage_replay.h"
+#include "meshlearn/ledger/state.h"
 #include "meshlearn/ledger/step_witness.h"
 #include "meshlearn/node/network_round.h"
 #include "meshlearn/node/stage_step.h"
@@ -24,6 +26,62 @@
 namespace meshlearn::node {
 
 using nlohmann::json;
+
+Result<FraudProofSend> FraudProofFor(const json& task, const AuditUnit& u,
+                                     const BuiltSegmentWitness& w, const BlobGetter& get,
+                                     uint64_t max_witness_bytes) {
+  const std::string what = "unit " + std::to_string(u.index) + ": fraud proof";
+  Result<TaskInfo> info = ParseTask(ledger::RpcAnswer("get_task", task));
+  if (!info.ok()) return info.status().WithPrefix(what);
+  FraudProofSend out;
+  Bytes witness = ledger::EncodeSegmentWitness(w.witness);
+  out.witness_bytes = witness.size();
+  if (witness.size() <= max_witness_bytes) {
+    out.tx = ledger::ProveFraudTx{
+        .task_id = info->id, .index = u.index, .segment = w.segment, .witness = {std::move(witness)}};
+    return out;
+  }
+  // Over the bound: the late game, on the unit as the ledger holds it.
+  const json* unit = nullptr;
+  if (task.contains("units") && task["units"].is_array()) {
+    for (const json& j : task["units"]) {
+      if (j.value("index", UINT32_MAX) == u.index) unit = &j;
+    }
+  }
+  if (unit == nullptr) return InvalidArgument(what + ": the task record lists no such unit");
+  ledger::TaskRecord t;
+  t.id = info->id;
+  t.params = info->params;
+  t.price_cap = task.value("price_cap", ledger::Amount{0});
+  ledger::WorkUnit wu;
+  wu.task_id = t.id;
+  wu.index = u.index;
+  wu.price = unit->value("price", ledger::Amount{0});
+  if (w.segment + 1 >= u.leaves.size()) {
+    return InvalidArgument(what + ": segment " + std::to_string(w.segment) + " has no leaf");
+  }
+  const ledger::MismatchClaimField claim{.segment = w.segment,
+                                         .start = u.leaves[w.segment],
+                                         .start_proof = {},
+                                         .solver_end = u.leaves[w.segment + 1],
+                                         .end_proof = {},
+                                         .replayed_end = w.replayed_end};
+  std::string bundle;
+  if (ledger::MismatchNeedsBundle(t.params, u.index, claim)) {
+    Result<Bytes> text = get(info->spec_hash);
+    if (!text.ok()) return text.status().WithPrefix(what + ": the task bundle (the tile phase)");
+    bundle = std::string(AsStringView(*text));
+  }
+  out.late = true;
+  out.bond = ledger::LateChallengeMinBond(t, wu);
+  out.tx = ledger::LateChallengeTx{.task_id = t.id,
+                                   .index = u.index,
+                                   .segment = w.segment,
+                                   .end = w.replayed_end,
+                                   .bond = out.bond,
+                                   .bundle = {std::move(bundle)}};
+  return out;
+}
 
 std::string_view AuditCheckName(AuditCheck check) {
   switch (check) {

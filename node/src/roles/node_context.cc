@@ -67,7 +67,7 @@ std::string NodeContext::VerifyRoot() const { return JoinPath(options_.data_dir,
 
 std::string NodeContext::VerifyDir(const CheckAssignment& c) const {
   return JoinPath(VerifyRoot(), c.task_id.ToHex() + "-" + std::to_string(c.index) + "-" +
-                                    std::to_string(c.commit_height));
+                                    std::to_string(c.commit_height) + (c.late ? "-late" : ""));
 }
 
 std::string NodeContext::TaskDataDir(const Hash256& task) const {

@@ -141,7 +141,15 @@ Status PinKeeper::ReviewPins() {
             (audit_end != 0 ? " (its audit window ends at block " + std::to_string(audit_end) + ")"
                             : std::string()));
       }
-      if (node_->height() >= release_at) {
+      // A late game open on one of its units (LateChallengeTx) is answered by a re-run of the
+      // unit from its round's start state: the task's states, bundle and data stay until every
+      // such game is ruled, whatever the window.
+      const bool late_game = !gone && !info->late_games.empty();
+      if (node_->height() >= release_at && late_game && late_hold_logged_.insert(task).second) {
+        node_->Log("task " + task.ShortHex() + ": " + std::to_string(info->late_games.size()) +
+                   " late game(s) open on its units: its blobs are kept until they are ruled");
+      }
+      if (node_->height() >= release_at && !late_game) {
         ML_RETURN_IF_ERROR(ReleaseTask(task, final_state));
         continue;
       }

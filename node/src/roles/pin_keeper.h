@@ -3,7 +3,8 @@
 // task's blobs and files release_after_blocks after it closed and not before its audit window
 // closed (until then a fraud proof may reopen it and rewind it to any round: every round's start
 // state stays), forgets the closed mark of a task reopened, and deletes a unit's checkpoints
-// and deltas once its round is final.
+// and deltas once its round is final. A task with a late game open on one of its units
+// (TaskInfo::late_games) is not released until the game is ruled.
 //
 // Its state is the pin book (<data_dir>/pins.json, pin_book.h): reasons per blob, the units with
 // files and the height each closed task was first seen closed; a restart goes on from it.
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
 
 #include "node_context.h"
 #include "solver.h"
@@ -47,6 +49,7 @@ class PinKeeper {
   Stager* stager_;  // its stage steps' evidence goes with the rounds' deltas
   uint64_t first_height_ = 0;
   uint64_t last_review_height_ = 0;
+  std::set<Hash256> late_hold_logged_;  // tasks kept past their release for a late game
 };
 
 }  // namespace meshlearn::node

@@ -129,6 +129,34 @@ Status SimHarness::MakeAgent(int i) {
   return agents_[i]->init_status();
 }
 
+Result<int> SimHarness::AddLateChallenger(const KeyPair& key) {
+  const int i = static_cast<int>(agents_.size());
+  const std::string name = "n" + std::to_string(i);
+  net_->AddNode(name);
+  node_keys_.push_back(key);
+  stores_.emplace_back();
+  routers_.emplace_back();
+  agents_.emplace_back();
+  clocks_.emplace_back();
+  const std::string dir = options_.root + "/nodes/" + name;
+  ML_ASSIGN_OR_RETURN(stores_[i], net::BlobStore::Open(env_, dir + "/blobs"));
+  AgentOptions o;
+  o.data_dir = dir;
+  o.endpoint = name;
+  o.roles = 0;
+  o.late_challenger = true;
+  o.fetch.request_timeout_ms = 2000;
+  if (options_.log || options_.log_sink) {
+    o.log = [name, i, echo = options_.log, sink = options_.log_sink](const std::string& line) {
+      if (echo) std::cerr << "[" << name << "] " << line << "\n";
+      if (sink) sink(i, line);
+    };
+  }
+  agent_opts_.push_back(std::move(o));
+  ML_RETURN_IF_ERROR(MakeAgent(i));
+  return i;
+}
+
 Status SimHarness::Setup() {
   std::vector<PublicKey> funded = {submitter_.public_key(), referee_key_.public_key()};
   for (const KeyPair& k : node_keys_) funded.push_back(k.public_key());

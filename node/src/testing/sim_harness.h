@@ -158,6 +158,13 @@ class SimHarness {
   // power_cut (REQUIRES: ledger_in_memory) the machine loses power too: whatever SQLite had not
   // synced is gone, and every acknowledged block must still be there.
   Status RestartLedger(bool power_cut = false);
+  // Starts an agent for `key` that is an account, not a node (AgentOptions::late_challenger: it
+  // registers nothing and plays the late games its key challenged), ticked by every Step from
+  // now on like the nodes; returns its index (agent(i), store(i)). `key` must be funded (e.g.
+  // the submitter's) and send nothing else meanwhile: the agent keeps its own nonces.
+  Result<int> AddLateChallenger(const KeyPair& key);
+  // The submitter's key (funded at genesis).
+  const KeyPair& submitter_key() const { return submitter_; }
   // The submitter's transaction sender (e.g. to cancel the task).
   TxSender& submitter_tx() { return *submitter_tx_; }
 

@@ -76,7 +76,11 @@
 //                     CommitUnit (secret_index = next_secret_index, one more per commit in
 //                     flight) / CommitAggregate. checks: the units of the unfinal rounds
 //                     (settling and current) under verification this node takes part in, each
-//                     with its own round's start_state (docs/verification.md). A pipeline
+//                     with its own round's start_state (docs/verification.md); and, of any
+//                     task (open or finished), each unit of a final round with a late game
+//                     open (LateChallengeTx, the unit JSON's "late") to its solver (role
+//                     solver) and its challenger (role challenger: `id` may be any account's
+//                     key). A pipeline
 //                     task's unit has `stage`: its replica and stage, and the replica's chain
 //                     as placed (per stage its node and endpoint; a zero node and "" while a
 //                     stage waits for a node; docs/protocol.md "Pipeline stage units"). A

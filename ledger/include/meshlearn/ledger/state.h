@@ -585,6 +585,11 @@ struct WorkUnit {
   bool operator==(const WorkUnit&) const = default;
 };
 
+// The least bond a late challenge (LateChallengeTx) on committed unit `u` puts up: the unit's
+// cost at its solver's price (AssignedUnitCost), what the solver's re-run of the unit to answer
+// the game is worth. Reads t.id, t.params, t.price_cap and u.index, u.price.
+Amount LateChallengeMinBond(const TaskRecord& t, const WorkUnit& u);
+
 // Where every token is. The invariant, checked after every block in tests and debug builds:
 //   balances + staked + unbonding + escrow + treasury + jackpot == minted
 struct Totals {

@@ -188,6 +188,13 @@ struct AgentOptions {
   // (RegisterNode with `stake`) instead of idling. Only the record seen by the first Tick counts:
   // a node that leaves while running stops taking work.
   bool rejoin = false;
+  // An account, not a node: the challenger of late disputes (LateChallengeTx, sent by
+  // `meshlearn task audit --prove` for a unit whose fraud proof is over the witness bound;
+  // docs/verification.md, "Over 8 MiB: a late dispute"). It registers nothing, sends no
+  // heartbeat, takes no unit, aggregation or check, and plays only the late games its key
+  // challenged (node_work lists them), with the moves and witnesses a live dispute's challenger
+  // sends, until they are ruled.
+  bool late_challenger = false;
   // Log lines ("unit 3f2a9c01/7 r1 s2: step 20/50 loss 0.41"). Null: discarded.
   std::function<void(const std::string&)> log;
   // Checked before every inner step: true stops the unit (it resumes from its last checkpoint

@@ -249,6 +249,14 @@ struct CheckAssignment {
   // (protocol::UnitCheck::awaits_merits): the last height a ProveMerits may land in; else 0.
   uint64_t merits_deadline = 0;
   std::vector<ServedStageStep> served;  // a stage unit's steps served on chain in this run
+  // A late dispute (LateChallengeTx) on a unit of a final round (node_work lists it with the
+  // unit's `late` view; docs/verification.md, "Over 8 MiB: a late dispute"): `dispute` is the
+  // late game, not the check's (the check settled long ago); the solver (role solver) defends
+  // and the account that sent the LateChallenge (role challenger) challenges, each as in a
+  // live dispute. Its files are the check's folder with "-late" (NodeContext::VerifyDir).
+  bool late = false;
+  uint32_t late_segment = 0;
+  uint64_t late_bond = 0;
 
   bool HasRole(CheckRole role) const;
   // The served step of game step `step`, or nullptr.
@@ -319,6 +327,10 @@ struct TaskInfo {
   // A finished task: the last height at which a fraud proof reopens and rewinds it (0 while
   // open, for a cancelled task, or from a record read without it: ledger::AuditWindowEnd).
   uint64_t audit_window_end = 0;
+  // The units with a late game open (verification.late_games, LateChallengeTx): their solvers
+  // answer from the round's start state, so the task's states are kept while it is not empty
+  // (pin_keeper.h). Empty from a record read without it.
+  std::vector<uint32_t> late_games;
   std::vector<UnitRecord> units;  // with units=true
 };
 Result<TaskInfo> GetTask(ChainClient& chain, const Hash256& id, bool units = false);

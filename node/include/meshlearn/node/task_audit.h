@@ -69,6 +69,7 @@
 #include "meshlearn/base/hash.h"
 #include "meshlearn/base/status.h"
 #include "meshlearn/ledger/stage_referee.h"
+#include "meshlearn/ledger/tx.h"
 #include "meshlearn/node/chain_client.h"
 #include "meshlearn/node/step_witness.h"
 
@@ -195,8 +196,30 @@ struct AuditOptions {
   std::function<nlohmann::json(const AuditUnit&, const StageFraudProof&)> on_stage_fraud;
 };
 
+
+// What `task audit --prove` sends for unit `u` of `task` (its get_task answer with units) whose
+// segment w.segment does not replay to its leaf (on_fraud's arguments; docs/verification.md,
+// "Fraud proofs after the fact" and "Over 8 MiB: a late dispute"):
+//   - the witness encoded fits `max_witness_bytes` (a transaction's bound, kMaxWitnessBytes):
+//     ProveFraudTx, the ledger re-executes the segment in one transaction;
+//   - over it: LateChallengeTx, which opens a dispute game on the segment (its end, the state
+//     hash the replay reached), with the least bond (ledger::LateChallengeMinBond: the unit's
+//     cost at its solver's price) and the task bundle where a mismatch needs it
+//     (ledger::MismatchNeedsBundle: the tile phase; fetched by `get`, else ""). Its sender then
+//     plays the challenger's side until the game is ruled (AgentOptions::late_challenger), or
+//     loses its bond by silence.
 // Returns the bytes of blob `id` (content-verified), or an error when no one serves it.
 using BlobGetter = std::function<Result<Bytes>(const Hash256& id)>;
+
+struct FraudProofSend {
+  ledger::TxPayload tx;
+  bool late = false;           // a LateChallengeTx
+  uint64_t witness_bytes = 0;  // the segment witness encoded
+  ledger::Amount bond = 0;     // late: the bond it puts up
+};
+Result<FraudProofSend> FraudProofFor(const nlohmann::json& task, const AuditUnit& u,
+                                     const BuiltSegmentWitness& w, const BlobGetter& get,
+                                     uint64_t max_witness_bytes = ledger::kMaxWitnessBytes);
 
 // Audits the task whose get_task answer (with units) is `task`.
 // Errors (no verdict): an open task or one without a finished round (FailedPrecondition), a
