@@ -4,7 +4,6 @@
 // (RevealSecretTx::forced_commits), which the ledger checks. Checked against a follower after
 // every block (FollowedChainFixture).
 #include <algorithm>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -108,14 +107,22 @@ class ForcedStageTest : public pipeline_testing::PipelineVerificationTest {
   KeyPair catcher_;
 };
 
+// One stage unit in three drawn: with the test's keys, stage 1 alone (of the first replica).
+class ForcedStageOneDrawnTest : public ForcedStageTest {
+ protected:
+  static constexpr uint32_t kOneDrawnRate = 333'339;
+  ForcedStageOneDrawnTest() { genesis_.params.forced_error_per_million = kOneDrawnRate; }
+};
+
 // The drawn stage 1 commits the forced form; the catcher finds it at step 0 (its replay of the
 // real checkpoint ends at the real state, not the forced one) and verifier_ rubber-stamps it.
 // Every malformed reveal is refused by name; the good one settles the check as a forced error:
 // the rubber stamp slashed, the catcher paid from the jackpot, the stage not punished. Its replica
-// re-runs whole, placed again at once: the replica's other stages, committed, are paid their whole
+// re-runs whole, placed again in the block its siblings' clean checks settle (RerunForcedReplicas
+// waits for them): the replica's other stages, committed, are paid their whole
 // StageUnitCost for the work discarded, the drawn stage nothing (its re-run is paid, with its next
 // secret), and every check of the replica goes.
-TEST_F(ForcedStageTest, ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplicaReruns) {
+TEST_F(ForcedStageOneDrawnTest, ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplicaReruns) {
   StartWithCatcher();
   constexpr uint32_t kDrawn = 1;
   std::vector<PublicKey> first_run;
@@ -124,15 +131,17 @@ TEST_F(ForcedStageTest, ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplica
   for (uint32_t st = 0; st < kStages; ++st) {
     ASSERT_EQ(Unit(st).status, WorkUnitStatus::kAssigned) << st;
     first_run.push_back(Unit(st).assignee);
-    ASSERT_TRUE(protocol::IsForcedError(NextSecret(st), Unit(st).assignment_beacon, UnitIdOf(st),
-                                        1'000'000));
-    commits.push_back(Commits(st, /*forced=*/true));
+    ASSERT_EQ(protocol::IsForcedError(NextSecret(st), Unit(st).assignment_beacon, UnitIdOf(st),
+                                      kOneDrawnRate),
+              st == kDrawn)
+        << "stage " << st << ": pick another kOneDrawnRate that draws stage 1 alone";
+    commits.push_back(Commits(st, /*forced=*/st == kDrawn));
     txs.push_back(Q(alice_, Commit(st, LeavesOf(commits.back()))));
   }
   EXPECT_EQ(commits[kDrawn][0].state_before, Commits(kDrawn, false)[0].state_before)
       << "step 0 starts at the true start";
   StepOk(txs);
-  EXPECT_EQ(Check(kDrawn).config().forced_error_per_million, 1'000'000u);
+  EXPECT_EQ(Check(kDrawn).config().forced_error_per_million, kOneDrawnRate);
   StepUntil(kDrawn, CheckStage::kCheckCommitVerdicts);
   const protocol::UnitCheck check = Check(kDrawn);
   ASSERT_EQ(check.verifiers().size(), 2u);
@@ -143,7 +152,20 @@ TEST_F(ForcedStageTest, ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplica
   const Sealed stamp = Clean(kDrawn);
   Sealed caught = Mismatch(kDrawn, leaves, 0, Commits(kDrawn, false)[0].state_after);
   caught.salt = Blake2b("catcher's salt");
-  StepOk({SealTx(kDrawn, stamp), SealTx(kDrawn, caught, &catcher_)});
+  // Its siblings, not drawn, are verified clean by both: their checks settle clean.
+  std::vector<Transaction> sibling_seals;
+  std::vector<std::pair<uint32_t, Sealed>> sibling_verdicts;
+  for (uint32_t st = 0; st < kStages; ++st) {
+    if (st == kDrawn) continue;
+    Sealed by_catcher = Clean(st);
+    by_catcher.salt = Blake2b("catcher's salt");
+    sibling_seals.push_back(SealTx(st, Clean(st)));
+    sibling_seals.push_back(SealTx(st, by_catcher, &catcher_));
+    sibling_verdicts.emplace_back(st, by_catcher);
+  }
+  sibling_seals.push_back(SealTx(kDrawn, stamp));
+  sibling_seals.push_back(SealTx(kDrawn, caught, &catcher_));
+  StepOk(sibling_seals);
   StepUntil(kDrawn, CheckStage::kCheckRevealVerdicts);
 
   std::vector<StageStepCommit> short_list = commits[kDrawn];
@@ -165,9 +187,18 @@ TEST_F(ForcedStageTest, ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplica
       {ForcedSecretTx(kDrawn, protocol::EncodeStageStepCommits(real)),
        "reveal secret: forced_commits: the commit of step 0 is not the step's committed leaf"},
   };
-  ASSERT_NO_FATAL_FAILURE(StepRefusingFirst(
-      refusals, {RevealTx(kDrawn, stamp), RevealTx(kDrawn, caught, bundle_, &catcher_),
-                 ForcedSecretTx(kDrawn, protocol::EncodeStageStepCommits(commits[kDrawn]))}));
+  ASSERT_NO_FATAL_FAILURE(StepRefusingFirst(refusals, [&] {
+    std::vector<Transaction> good;
+    for (const auto& [st, by_catcher] : sibling_verdicts) {
+      good.push_back(RevealTx(st, Clean(st)));
+      good.push_back(RevealTx(st, by_catcher, "", &catcher_));
+      good.push_back(SecretTx(st));
+    }
+    good.push_back(RevealTx(kDrawn, stamp));
+    good.push_back(RevealTx(kDrawn, caught, bundle_, &catcher_));
+    good.push_back(ForcedSecretTx(kDrawn, protocol::EncodeStageStepCommits(commits[kDrawn])));
+    return good;
+  }()));
   EXPECT_EQ(Node(first_run[kDrawn]).secret_anchor_index, 1u) << "the secret was revealed";
   for (int i = 0; i < 5 && HasCheck(kDrawn) && Check(kDrawn).stage() != CheckStage::kCheckSettled;
        ++i) {
@@ -204,15 +235,16 @@ TEST_F(ForcedStageTest, ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplica
 }
 
 // A replica with a stage drawn for a forced error (stage 1, its forced form caught) and a sibling
-// that cheats (stage 0, drawn too, commits its real states: its own check, run to the end, rules
-// fraud, ADrawnStageThatCommittedItsRealStatesIsSlashed) whose check is still open when stage 1's
-// settles. The replica re-runs, but a sibling's discarded work is paid only once its own check has
-// settled clean: the cheating stage is never paid for it (nor the drawn stage for its forced
-// run); the supply is conserved (Produce checks the chain's totals after every block). Found by
-// PipelineNetworkTest.ALazyStageDrawnForAForcedErrorIsCaughtOnItsRerun (a lazy stage paid 1 token
-// so). DISABLED until that rule is in (docs/verification.md, "Not yet"): today the cheating stage is
-// paid its whole cost (160) when stage 1's check settles.
-TEST_F(ForcedStageTest, DISABLED_ASiblingWhoseCheckIsOpenIsNotPaidWhenAForcedStagesReplicaReruns) {
+// that cheats (stage 0, drawn too, commits its real states: its check, run to the end, rules
+// fraud, ADrawnStageThatCommittedItsRealStatesIsSlashed; here it does not even reveal its secret)
+// whose check is still open when stage 1's settles. A sibling's discarded work is paid only once
+// its own check has settled clean, so the replica re-runs once the siblings' checks settle (here
+// both abandoned: stage 2, drawn too, reveals nothing either) and no stage of it is paid for its
+// first run; the supply is conserved (Produce checks the chain's totals after every block).
+// Before, stage 1's settling paid both siblings their whole cost at once (the cheat 160) and
+// dropped their checks: PipelineNetworkTest.ALazyStageDrawnForAForcedErrorIsCaughtOnItsRerun's
+// lazy stage was paid 1 token so.
+TEST_F(ForcedStageTest, ASiblingWhoseCheckIsOpenIsNotPaidWhenAForcedStagesReplicaReruns) {
   StartWithCatcher();
   constexpr uint32_t kDrawn = 1, kCheat = 0, kSibling = 2;
   std::vector<PublicKey> first_run;
@@ -239,7 +271,6 @@ TEST_F(ForcedStageTest, DISABLED_ASiblingWhoseCheckIsOpenIsNotPaidWhenAForcedSta
     Step();
   }
   EXPECT_EQ(Task().verification.forced_error, 1u);
-  const TaskParams params = Task().params;
   // Run on until the first run's checks are gone, whichever way they went.
   for (int i = 0; i < 40 && (HasCheck(kCheat) || HasCheck(kSibling)) &&
                   Unit(kCheat).assignee == first_run[kCheat];
@@ -249,12 +280,10 @@ TEST_F(ForcedStageTest, DISABLED_ASiblingWhoseCheckIsOpenIsNotPaidWhenAForcedSta
   EXPECT_EQ(Node(first_run[kCheat]).earnings.units, 0u)
       << "a stage whose own check did not settle clean is paid for its discarded attempt";
   EXPECT_EQ(Node(first_run[kDrawn]).earnings.units, 0u);
-  // Stage 2 is drawn too (one in one) and committed its forced form: its own check, if it runs,
-  // ends as a forced error, so it is not the honest sibling whose whole cost this is about
-  // (ADrawnStagesForcedFormCatchesTheRubberStampAndItsReplicaReruns pays those).
-  std::printf("stage 2's first run paid %llu of %llu\n",
-              static_cast<unsigned long long>(Node(first_run[kSibling]).earnings.units),
-              static_cast<unsigned long long>(StageUnitCost(params, kTestUnitCost, kSibling)));
+  EXPECT_EQ(Node(first_run[kSibling]).earnings.units, 0u) << "its check did not settle clean";
+  EXPECT_EQ(Task().verification.abandoned, 2u);
+  EXPECT_FALSE(HasCheck(kCheat)) << "the replica re-ran";
+  EXPECT_FALSE(HasCheck(kDrawn)) << "the replica re-ran";
 }
 
 // A drawn stage that committed its real states (to get the verifiers that replay them clean

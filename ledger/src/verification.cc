@@ -55,6 +55,7 @@
 // Deterministic like the rest of the runtime: the only randomness is the block seed.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "execute.h"
@@ -325,23 +326,17 @@ Status ApplyEffects(LedgerState& s, const ChainParams& p, const Hash256& task_id
       n->reputation.clean_streak++;
     }
   }
-  if (fx.rerun_unit) {
+  // A forced stage's real leaves were never checked, so its delta is not usable, and a stage
+  // cannot train again alone (RerunPartialReplicas): its whole replica re-runs, once the checks of
+  // its other committed stages have settled (RerunForcedReplicas), so that each of them is paid
+  // only if its own check settled clean (PayHonestStageWork).
+  const bool forced_stage =
+      IsPipelineTask(t->params) && c.result() == protocol::CheckResult::kCheckForcedError;
+  if (fx.rerun_unit && !forced_stage) {
     if (u->round < rerun->round) rerun->shards.clear();  // an earlier round re-runs whole
     rerun->round = std::min(rerun->round, u->round);
-    const bool forced_stage = IsPipelineTask(t->params) &&
-                              c.result() == protocol::CheckResult::kCheckForcedError;
-    if (forced_stage) rerun->forced_stages.push_back(index);
     if (c.result() == protocol::CheckResult::kCheckFraud) {
       rerun->whole_round = true;
-    } else if (forced_stage && u->round == rerun->round) {
-      // A forced stage's real leaves were never checked, so its delta is not usable, and a stage
-      // cannot train again alone (RerunPartialReplicas): its whole replica re-runs, now, so that
-      // its other stages are paid once (PayHonestStageWork) and reset together.
-      const StageSlot slot = StageSlotOf(t->params, index);
-      for (uint32_t stage = 0; stage < t->params.stages; ++stage) {
-        rerun->shards.push_back(StageUnitIndex(t->params, {slot.round, slot.replica, stage}) -
-                                slot.round * t->params.units_per_round);
-      }
     } else if (u->round == rerun->round) {
       rerun->shards.push_back(u->shard);
     }
@@ -385,6 +380,56 @@ uint32_t FirstTaintedRound(const LedgerState& s, const Hash256& task_id,
   return before;
 }
 
+// Whether stage unit `w`'s own check settled clean (or it had none): what its discarded work must
+// show to be paid when its replica re-runs for a forced stage.
+bool SettledClean(const WorkUnit& w) {
+  if (w.check.empty()) return true;
+  Result<UnitCheck> c = UnitCheck::Decode(w.check);
+  return c.ok() && c->stage() == CheckStage::kCheckSettled &&
+         (c->result() == protocol::CheckResult::kCheckClean ||
+          c->result() == protocol::CheckResult::kCheckUnchecked);
+}
+
+// Each replica of rounds [from, to] with a committed stage whose check settled as a forced error,
+// once no committed stage of it has a check still open: noted in *rerun to re-run whole now, its
+// forced stages in forced_stages (PayHonestStageWork pays the others whose checks settled clean).
+// A sibling's check left open would be dropped with the reset, and the sibling paid for work no
+// check ruled on (a lazy stage was: PipelineNetworkTest.ALazyStageDrawnForAForcedErrorIsCaught-
+// OnItsRerun); waiting for it keeps the round unfinal (its holds), and fraud it rules re-runs
+// the round whole.
+void RerunForcedReplicas(const LedgerState& s, const Hash256& task_id, uint32_t from, uint32_t to,
+                         Rerun* rerun) {
+  const TaskParams& params = s.tasks.Find(task_id)->params;
+  if (!IsPipelineTask(params) || params.stages == 0) return;
+  const uint32_t replicas = params.units_per_round / params.stages;
+  for (uint32_t round = from; round <= to; ++round) {
+    for (uint32_t replica = 0; replica < replicas; ++replica) {
+      std::vector<uint32_t> forced;
+      bool open = false;
+      for (uint32_t stage = 0; stage < params.stages; ++stage) {
+        const uint32_t index = StageUnitIndex(params, {round, replica, stage});
+        const WorkUnit* w = s.units.Find({task_id, index});
+        if (w == nullptr || w->status != WorkUnitStatus::kCommitted || w->check.empty()) continue;
+        Result<UnitCheck> c = UnitCheck::Decode(w->check);
+        if (!c.ok() || c->stage() != CheckStage::kCheckSettled) {
+          open = true;
+        } else if (c->result() == protocol::CheckResult::kCheckForcedError) {
+          forced.push_back(index);
+        }
+      }
+      if (forced.empty() || open) continue;
+      if (round < rerun->round) rerun->shards.clear();  // an earlier round re-runs whole
+      rerun->round = std::min(rerun->round, round);
+      rerun->forced_stages.insert(rerun->forced_stages.end(), forced.begin(), forced.end());
+      if (round != rerun->round) continue;
+      for (uint32_t stage = 0; stage < params.stages; ++stage) {
+        rerun->shards.push_back(StageUnitIndex(params, {round, replica, stage}) -
+                                round * params.units_per_round);
+      }
+    }
+  }
+}
+
 // A pipeline round re-run after fraud: the stage work of it that no proven-false tensor reached
 // is paid now, since the re-run discards it (issue 15: "the honest stages of that replica are
 // paid for the work they did honestly, and nobody is paid for work built on a proven-false
@@ -415,9 +460,13 @@ Status PayHonestStageWork(LedgerState& s, const ChainParams& p, const Hash256& t
     auto [it, fresh] = honest_steps.emplace(slot.replica, steps);
     if (!fresh) it->second = std::min(it->second, steps);
   }
+  std::set<uint32_t> forced_replicas;  // with a forced stage and no false step
   for (uint32_t index : rerun.forced_stages) {
     const StageSlot slot = StageSlotOf(params, index);
-    if (slot.round == rerun.round) honest_steps.emplace(slot.replica, params.inner_steps);
+    if (slot.round != rerun.round) continue;
+    if (honest_steps.emplace(slot.replica, params.inner_steps).second) {
+      forced_replicas.insert(slot.replica);
+    }
   }
   for (uint32_t shard = 0; shard < params.units_per_round; ++shard) {
     const uint32_t index = rerun.round * params.units_per_round + shard;
@@ -432,6 +481,8 @@ Status PayHonestStageWork(LedgerState& s, const ChainParams& p, const Hash256& t
     const StageSlot slot = StageSlotOf(params, index);
     const auto fault = honest_steps.find(slot.replica);
     if (fault == honest_steps.end() && !fraud) continue;  // a replica that keeps its work
+    // A forced stage's sibling only for work its own check ruled clean.
+    if (forced_replicas.contains(slot.replica) && !SettledClean(*w)) continue;
     const uint64_t steps = fault == honest_steps.end() ? params.inner_steps : fault->second;
     const Amount cost = AssignedUnitCost(*t, *w);
     const uint64_t h = std::max<uint64_t>(params.inner_steps, 1);  // cost x steps / h, steps <= h
@@ -845,6 +896,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
                   protocol::CheckResultName(c.result()), c.reason());
     }
   }
+  RerunForcedReplicas(s, task_id, from, to, &rerun);
   ML_RETURN_IF_ERROR(PayHonestStageWork(s, p, task_id, rerun));
   ML_RETURN_IF_ERROR(ApplyRerun(s, task_id, m, rerun));
   // The checks that went with a re-run: every one from the round a whole-round re-run went back

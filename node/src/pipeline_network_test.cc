@@ -1776,13 +1776,14 @@ TEST(PipelineNetworkTest, ForcedStagesAreCaughtAndRerunAndTheTaskIsBitEqualToMes
 
 // A lazy stage whose first attempt is drawn for a forced error commits its unit twice: the forced
 // attempt settles as a forced error (its verifier's mismatch is the catch: the stage's real leaves
-// are never checked, so its replica re-runs whole, at once, the drawn stage unpaid; no deadline
-// and no heartbeat is involved), and the re-run's commit is a lazy one, checked afresh: every
-// step of it is false, so its check finds it whatever step it replays, and the stage is slashed
-// and jailed. Nothing of the forced attempt reaches the model or the stage's earnings. (The
-// Dashboard test's run 2026-12-06 01:08 where "a lazy stage committed its unit twice".) Which
-// attempt is drawn depends on the blocks: a seed whose lazy stage's first commit is not drawn is
-// dropped at that commit, and the first seed that draws it counts.
+// are never checked, so its replica re-runs whole once its siblings' checks settle, the drawn
+// stage unpaid; no deadline and no heartbeat is involved), and the re-run's commit is a lazy
+// one, checked afresh: every step of it is false, so its check finds it whatever step it
+// replays, and the stage is slashed and jailed. Nothing of the forced attempt reaches the model
+// or the stage's earnings. (The Dashboard test's run 2026-12-06 01:08 where "a lazy stage
+// committed its unit twice".) Which attempt is drawn depends on the blocks: a seed whose lazy
+// stage's first commit is not drawn is dropped at that commit, and the first seed that draws it
+// counts.
 TEST(PipelineNetworkTest, ALazyStageDrawnForAForcedErrorIsCaughtOnItsRerun) {
   PipelineOracle o;
   ASSERT_NO_FATAL_FAILURE(LoadPipelineOracle(&o));
@@ -1841,13 +1842,13 @@ TEST(PipelineNetworkTest, ALazyStageDrawnForAForcedErrorIsCaughtOnItsRerun) {
     EXPECT_GE(v.value("fraud", uint64_t{0}), 1u) << v.dump();
     EXPECT_GE(sim.agent(kCheater)->stats().forced_errors, 1u);
     ExpectOnlyTheCheaterSlashedAndJailed(sim, kCheater, 7);
-    // No attempt of it reached the model. Not asserted: that none was paid. A lazy attempt
-    // committed beside another stage of its replica drawn for a forced error is paid its whole
-    // cost when that replica re-runs (PayHonestStageWork pays the replica's other committed
-    // stages, whose own checks go unsettled with the reset): seeds 45 and 42 paid this cheater 1 token so
-    // (docs/verification.md, "A cheating stage drawn for a forced error").
+    // No attempt of it reached the model, and none was paid: a lazy attempt committed beside
+    // another stage of its replica drawn for a forced error waits for its own check, which rules
+    // it, before the replica re-runs (RerunForcedReplicas; before, seeds 45 and 42 paid this
+    // cheater 1 token so: docs/verification.md, "A cheating stage drawn for a forced error").
     const json cheater = NodeRecordOf(sim, kCheater);
     std::printf("the cheater's earnings: %s\n", cheater["earnings"].dump().c_str());
+    EXPECT_EQ(cheater["earnings"].value("units", uint64_t{0}), 0u) << cheater.dump();
     const std::string cheater_id = sim.node_key(kCheater).public_key().ToHex();
     for (const json& u : task["units"]) {
       EXPECT_NE(u.value("assignee", std::string()), cheater_id) << u.dump();
