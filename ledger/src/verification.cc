@@ -842,10 +842,10 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       // Full and target assurance promise a replay by another node: with no verifier the
       // check waits (holding the round) instead of settling unchecked.
       const bool wait = level.kind != protocol::Assurance::kAssuranceEconomic;
-      ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, plan.probability_permille,
-                                         DrawableVerifiers(s, task_id, index,
-                                                           c.config().solver, candidates),
-                                         unit_vp, height, wait));
+      ML_ASSIGN_OR_RETURN(
+          fx, c.OnBeacon(seed, plan.probability_permille,
+                         DrawableVerifiers(s, task_id, index, c.config().solver, candidates),
+                         unit_vp, height, wait));
     } else {
       ML_RETURN_IF_ERROR(DriveServeWindow(s, *s.tasks.Find(task_id), index, height, c));
       ML_RETURN_IF_ERROR(RuleUnpostedStageStep(*s.tasks.Find(task_id), index, height, c));
