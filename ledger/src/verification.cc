@@ -129,11 +129,19 @@ protocol::MismatchClaim ClaimOf(const MismatchClaimField& f) {
 // Who may sign RuleDispute: the genesis referee, else the sequencer.
 PublicKey RefereeKey(const Genesis& g) { return g.referee == PublicKey{} ? g.sequencer : g.referee; }
 
-// Verifier nodes in id order (UnitCheck draws from them; the solver is skipped there).
-std::vector<protocol::NodeId> VerifierCandidates(const LedgerState& s) {
-  std::vector<protocol::NodeId> out;
+// The nodes a check may draw its verifiers from, in id order (UnitCheck draws from them; the
+// solver is skipped there): every active verifier, and those of them live at `height` (a
+// heartbeat within liveness_blocks, HeartbeatLive: the scheduler's rule for placing work).
+struct VerifierPool {
+  std::vector<protocol::NodeId> active, live;
+};
+VerifierPool VerifierCandidates(const LedgerState& s, const Genesis& g, uint64_t height) {
+  const protocol::SchedulerParams sp = SchedulerParamsOf(g);
+  VerifierPool out;
   for (const auto& [id, n] : s.nodes.rows()) {
-    if ((n.roles & kRoleVerifier) != 0 && n.status == NodeStatus::kActive) out.push_back(id);
+    if ((n.roles & kRoleVerifier) == 0 || n.status != NodeStatus::kActive) continue;
+    out.active.push_back(id);
+    if (protocol::HeartbeatLive(n.last_heartbeat_height, height, sp)) out.live.push_back(id);
   }
   return out;
 }
@@ -152,6 +160,20 @@ std::vector<protocol::NodeId> StageVerifierCandidates(const LedgerState& s, cons
     if (w != nullptr) std::erase(candidates, w->assignee);
   }
   return candidates;
+}
+
+// The candidates a check draws from: the live ones that may verify unit `index` (not its solver,
+// StageVerifierCandidates), so a node that fell silent -- killed, cut off -- is not drawn to a
+// check it would let wait out its commit window. Where none of them is live (a chain whose
+// verifiers do not heartbeat), every active one, as before liveness counted. Where every
+// candidate is live, both are the same list: the draw is what it was.
+std::vector<protocol::NodeId> DrawableVerifiers(const LedgerState& s, const Hash256& task_id,
+                                                uint32_t index, const protocol::NodeId& solver,
+                                                const VerifierPool& pool) {
+  std::vector<protocol::NodeId> live = StageVerifierCandidates(s, task_id, index, pool.live);
+  std::erase(live, solver);
+  if (!live.empty()) return live;
+  return StageVerifierCandidates(s, task_id, index, pool.active);
 }
 
 protocol::Reputation ReputationOf(const NodeRecord& n) {
@@ -823,7 +845,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
   const ChainParams& p = g.params;
   const protocol::VerificationParams vp = p.Verification();
   const uint32_t per_round = s.tasks.Find(task_id)->params.units_per_round;
-  std::vector<protocol::NodeId> candidates;
+  VerifierPool candidates;
   bool have_candidates = false;
   Rerun rerun;
   // Every unfinal round: the settling ones (rounds in flight) and the current one.
@@ -851,7 +873,7 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
         continue;
       }
       if (!have_candidates) {
-        candidates = VerifierCandidates(s);
+        candidates = VerifierCandidates(s, g, height);
         have_candidates = true;
       }
       // What the task bought (its assurance) and what the solver's record earns it decide how
@@ -871,9 +893,10 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
       // Full and target assurance promise a replay by another node: with no verifier the
       // check waits (holding the round) instead of settling unchecked.
       const bool wait = level.kind != protocol::Assurance::kAssuranceEconomic;
-      ML_ASSIGN_OR_RETURN(fx, c.OnBeacon(seed, plan.probability_permille,
-                                         StageVerifierCandidates(s, task_id, index, candidates),
-                                         unit_vp, height, wait));
+      ML_ASSIGN_OR_RETURN(
+          fx, c.OnBeacon(seed, plan.probability_permille,
+                         DrawableVerifiers(s, task_id, index, c.config().solver, candidates),
+                         unit_vp, height, wait));
     } else {
       ML_RETURN_IF_ERROR(DriveServeWindow(s, *s.tasks.Find(task_id), index, height, c));
       ML_RETURN_IF_ERROR(RuleUnpostedStageStep(*s.tasks.Find(task_id), index, height, c));

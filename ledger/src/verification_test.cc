@@ -700,6 +700,76 @@ TEST_F(VerificationTest, EconomicAssuranceWithoutAVerifierSettlesUnchecked) {
   for (int u : {u1, u2}) EXPECT_TRUE(Check(u).verifiers().empty()) << u;
 }
 
+// Verifiers are drawn only from live nodes (a heartbeat within liveness_blocks, the scheduler's
+// rule): a verifier that fell silent -- killed, cut off -- would hold its check for the whole
+// commit window. Two verifiers a unit, two verifier nodes: both are drawn while both are live.
+class LiveVerifierTest : public VerificationTest {
+ protected:
+  LiveVerifierTest() {
+    genesis_.params.liveness_blocks = kLiveness;
+    genesis_.params.verifiers_per_unit = 2;
+  }
+  static constexpr uint64_t kLiveness = 6;
+
+  // `blocks` blocks in which every node but those in `silent` heartbeats.
+  void HeartbeatAllBut(const std::vector<const KeyPair*>& silent, uint64_t blocks) {
+    for (uint64_t i = 0; i < blocks; ++i) {
+      std::vector<Transaction> txs;
+      for (const KeyPair* k : {&s1_, &s2_, &v1_, &v2_, &wb_, &agg_}) {
+        if (std::find(silent.begin(), silent.end(), k) != silent.end()) continue;
+        txs.push_back(N(*k, HeartbeatTx{.node_id = k->public_key()}));
+      }
+      StepOk(txs);
+    }
+  }
+  // The task submitted, both units committed honestly and their beacon drawn; the units.
+  std::pair<int, int> CommitAndDraw() {
+    StepOk({SubmitTask()});
+    const auto [u1, u2] = NextUnitsOfBothSolvers();
+    EXPECT_GE(u1, 0);
+    EXPECT_GE(u2, 0);
+    if (u1 < 0 || u2 < 0) return {u1, u2};
+    CommitAll({{u1, false}, {u2, false}});
+    Step();  // the beacon
+    return {u1, u2};
+  }
+};
+
+// v1 silent for more than liveness_blocks when the beacon draws: only v2 is drawn, to both units.
+// (As every candidate was drawn before liveness counted, both units drew v1 too.)
+TEST_F(LiveVerifierTest, AVerifierSilentForLivenessBlocksIsNotDrawn) {
+  RegisterNodes(/*verifiers=*/2);
+  HeartbeatAllBut({&v1_}, kLiveness + 1);
+  EXPECT_GT(chain_->Height() - Node(v1_).last_heartbeat_height, kLiveness);
+  const auto [u1, u2] = CommitAndDraw();
+  ASSERT_GE(u1, 0);
+  ASSERT_GE(u2, 0);
+  for (int u : {u1, u2}) {
+    ASSERT_EQ(Check(u).stage(), CheckStage::kCheckCommitVerdicts) << u;
+    EXPECT_EQ(Check(u).verifiers(), std::vector<protocol::NodeId>{v2_.public_key()}) << u;
+  }
+  SettleClean({u1, u2});
+  for (int u : {u1, u2}) EXPECT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
+}
+
+// Where no verifier is live (a chain whose verifiers do not heartbeat), the draw is the one
+// before liveness counted: every active verifier is a candidate, rather than no check at all.
+TEST_F(LiveVerifierTest, WhereNoVerifierIsLiveEveryActiveOneIsDrawnAsBefore) {
+  RegisterNodes(/*verifiers=*/2);
+  HeartbeatAllBut({&v1_, &v2_}, kLiveness + 1);
+  const auto [u1, u2] = CommitAndDraw();
+  ASSERT_GE(u1, 0);
+  ASSERT_GE(u2, 0);
+  for (int u : {u1, u2}) {
+    ASSERT_EQ(Check(u).stage(), CheckStage::kCheckCommitVerdicts) << u;
+    std::vector<protocol::NodeId> drawn = Check(u).verifiers();
+    std::sort(drawn.begin(), drawn.end());
+    std::vector<protocol::NodeId> both = {v1_.public_key(), v2_.public_key()};
+    std::sort(both.begin(), both.end());
+    EXPECT_EQ(drawn, both) << u;
+  }
+}
+
 // The ledger refuses an assurance it cannot give or a malformed one, naming the field.
 TEST_F(VerificationTest, AssuranceTermsAreChecked) {
   TaskParams p = TestTaskParams();

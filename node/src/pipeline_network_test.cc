@@ -341,6 +341,7 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
   std::condition_variable cv;
   int victim = -1;  // the node held in replica 0's lost stage, round 0, step 1
   bool released = false;
+  bool others_released = false;  // replica 1, held on a verifying chain (below)
   opt.agent_options = [&](int node, AgentOptions& a) {
     // The live stages wait for the lost node until the ledger replaces it or this deadline
     // passes; their runs on the new chain take pushes of that chain only (StageChainDigest), so
@@ -357,11 +358,13 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
     // the test releases it (nothing is corrupted).
     a.stage_plane.corrupt_sent = [&, node](const protocol::StageTensorKey& k) {
       if (how.verifying && k.round == 0 && k.replica == 1 && k.from_stage == 0 && k.step == 1) {
-        // On a verifying chain replica 1 commits round 0 only once the lost node has left: the
-        // ledger draws a check's verifier among active nodes, and one that has left verifies
-        // nothing (its check would wait out a million-block window).
+        // On a verifying chain replica 1 commits round 0 only once the lost node is gone on the
+        // ledger: it left (not active), or, killed, the ledger replaced it (its heartbeat older
+        // than liveness_blocks). The ledger draws a check's verifiers among live active nodes;
+        // drawn, the lost node would verify nothing, and its check would wait out a
+        // million-block window.
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return released; });
+        cv.wait(lock, [&] { return others_released; });
         return false;
       }
       if (k.round != 0 || k.replica != 0 || k.from_stage != lost_stage || k.step != 1) return false;
@@ -414,16 +417,17 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
     std::lock_guard<std::mutex> lock(mu);
     return victim;
   };
-  auto release = [&] {
+  auto release = [&](bool others) {
     std::lock_guard<std::mutex> lock(mu);
     released = true;
+    others_released = others_released || others;
     cv.notify_all();
   };
   // A held node is released whatever happens, before the agents are destroyed (they wait for
   // their stage threads).
   struct Releaser {
-    std::function<void()> release;
-    ~Releaser() { release(); }
+    std::function<void(bool)> release;
+    ~Releaser() { release(true); }
   } releaser{release};
   for (int b = 0; b < 20'000 && held() < 0; ++b) {
     Status stepped = sim.Step();
@@ -455,8 +459,24 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
     return on.size() == kept_stages.size();
   };
   if (kill) {
-    release();  // it cannot finish the step: it is killed before any neighbour answers it
+    // It cannot finish the step: it is killed before any neighbour answers it.
+    release(/*others=*/!how.verifying);
     sim.Kill(lost);
+    // On a verifying chain the killed node stays active (its stake is whole): it is not drawn
+    // to verify once its heartbeat is older than liveness_blocks. The ledger replaced it then
+    // (ExpireGoneStages, the same rule): replica 1 goes on once another node trains its stage.
+    auto replaced = [&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return std::any_of(trained[lost_stage].begin(), trained[lost_stage].end(),
+                         [&](int n) { return n != lost; });
+    };
+    for (int b = 0; b < 20'000 && how.verifying && !replaced(); ++b) {
+      Status stepped = sim.Step();
+      ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(!how.verifying || replaced()) << "the killed node's stage was not placed again";
+    release(/*others=*/true);
   } else {
     Result<Hash256> left = sim.agent(lost)->tx_sender().Send(
         ledger::LeaveNodeTx{.node_id = sim.node_key(lost).public_key()});
@@ -476,7 +496,7 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     ASSERT_TRUE(!how.ahead || kept_on_new_chain());
-    release();
+    release(/*others=*/true);
   }
   if (!resume_fails) {
     // A verifier's check (CheckStageStep, what a verifier of the stage unit runs) of step 0,
@@ -790,10 +810,16 @@ TEST(PipelineNetworkTest, AStageNodeLostBetweenItsTotalsIsReplacedAndTheStageAhe
 
 // Issue 15: the resume on a verifying chain: every stage unit of the resumed replica is checked
 // (the replaced stage's recomputed steps and the kept stages' swapped records replayed against
-// the new chain), none is fraud, no node is slashed, and the task ends bit-equal. The node leaves
-// (a killed one stays active on the ledger, and so drawn to verify, until its stake is gone).
+// the new chain), none is fraud, no node is slashed, and the task ends bit-equal. The node leaves.
 TEST(PipelineNetworkTest, OnAVerifyingChainAResumedReplicaIsVerifiedCleanAndEndsBitEqual) {
   LoseAStageNodeMidStep({.kill = false, .verifying = true}, 22, "pipeline-network-verify-resume");
+}
+
+// The same with the node killed: it stays active on the ledger (its stake is whole), but its
+// heartbeat is older than liveness_blocks, so no check draws it to verify (a check that drew it
+// would wait out its million-block commit window and the task would not end).
+TEST(PipelineNetworkTest, OnAVerifyingChainAKilledStageNodeIsNotDrawnToVerifyAndTheTaskEnds) {
+  LoseAStageNodeMidStep({.kill = true, .verifying = true}, 23, "pipeline-network-verify-kill");
 }
 
 // A node that offers a memory limit holds one stage at a time (NodeAgent::WaitsForStageUnit,
