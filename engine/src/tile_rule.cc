@@ -335,7 +335,7 @@ int64_t TileRulePartialSize(const TilePlan& plan, const TileOp& o, const TileGri
     return static_cast<int64_t>(TileRuleBackwardSumGroups(o, t).size()) * o.conv[0] + t.numel() +
            (block % nh == 0 ? 0 : TileRuleBackwardDots(o, t, block / nh));
   }
-  // A max-pool input gradient's chain over windows past 29 rows: the accumulators, then each row's
+  // A max-pool input gradient's chain over windows past 25 rows: the accumulators, then each row's
   // running maximum and its index in the window.
   if (o.kind == TileOpKind::kTileOpMaxPoolInputGrad && o.window_chain &&
       TileRulePoolRowChunks(o) > 1) {
@@ -412,11 +412,37 @@ constexpr int64_t kTileConvWideRows = 4;
 // (160 KiB of values; the fashion CNN's second conv reads 98 KiB) such a conv reads its windows'
 // columns as over a wide image.
 constexpr int64_t kTileConvRowsFloats = 40 * kTileRows * kTileCols;
-// The values a tile witness may carry: 240 KiB, the rest of the 256 KiB bound left for its proofs
-// (the tests' ExpectUnderTheBound). A max-pool over narrow images reads whole rows up to it (the
-// fashion CNN's first pool, a tile across two 28 x 28 planes: 196 KiB), and the tile plan refuses
-// a max-pool whose blocks would read more (TileRuleCheckWindowBlocks).
-constexpr int64_t kTileWitnessValueFloats = 60 * kTileRows * kTileCols;
+// A max-pool's blocks are bounded by their whole witness, not their values alone: a block of 60
+// tiles (240 KiB) with ~400 bytes of proof a tile passes the 256 KiB bound (ledger
+// kMaxTileWitnessBytes). TileRuleWitnessBytes prices a block's witness at the worst: its values,
+// each tile's (or example chunk's) header and Merkle proof, each example's leaf and proof, and the
+// fixed parts (magic, counts, the output roots of the operators before it). Where the plan is cut
+// without its operators' sizes (the chunks of a window's rows, the groups of a chain's outputs) a
+// proof is priced at kTileWorstProofLevels levels (an operator of 16M tiles, 64 GiB) and the fixed
+// parts at kTileWitnessFixedBytes (the roots of 126 operators); TileRuleCheckWindowBlocks then
+// checks every max-pool block with its plan's own proof levels and operator count.
+constexpr int64_t kTileWitnessBytes = 256 * 1024;
+constexpr int64_t kTileWorstProofLevels = 24;
+constexpr int64_t kTileWitnessFixedBytes = 4 * 1024;
+// The witness bytes of a block reading `floats` floats of values in `tiles` tiles or example
+// chunks and `examples` examples' leaves, its tiles' proofs `levels` deep, `fixed` bytes besides.
+constexpr int64_t TileRuleWitnessBytes(int64_t floats, int64_t tiles, int64_t examples,
+                                       int64_t levels = kTileWorstProofLevels,
+                                       int64_t fixed = kTileWitnessFixedBytes) {
+  // A proof: index, leaf count, sibling count and its siblings.
+  const int64_t proof = 8 + 8 + 4 + 32 * levels;
+  const int64_t example_proof = 8 + 8 + 4 + 32 * kTileWorstProofLevels;
+  // A tile: op, index, value count, proof (a chunk: its count and proof, less); an example
+  // (chunked: index, label, chunk root, proof, chunk count).
+  return fixed + 4 * floats + tiles * (4 + 8 + 4 + proof) +
+         examples * (8 + 4 + 32 + 4 + example_proof);
+}
+// Whether a block of `tiles` whole tiles of values (and `extra` floats more) fits the bound at the
+// worst (kTileWorstProofLevels, kTileWitnessFixedBytes).
+constexpr bool TileRuleTilesFitWitness(int64_t tiles, int64_t extra = 0, int64_t examples = 0) {
+  return TileRuleWitnessBytes(tiles * kTileRows * kTileCols + extra, tiles + (extra > 0),
+                              examples) <= kTileWitnessBytes;
+}
 // The rows a tile of a (B, planes x PH x PW) view touches: one plane's rows a run of kTileCols
 // columns crosses, or (a tile across two planes) all of them.
 int64_t TileRuleTileRows(int64_t PH, int64_t PW) {
@@ -438,11 +464,11 @@ int64_t TileRulePoolRowsTiles(const TileOp& o) {
   return TileRuleTilePlanes(o.conv[0], OH, OW) * ((floats + kTileCols - 2) / kTileCols + 1);
 }
 bool TileRuleConvRowsOver(const TileOp& o) {
-  // A max-pool tile over narrow images read, past kTileWitnessValueFloats (4 x 32 x 2 x 400 x 30
+  // A max-pool tile over narrow images read, past the witness bound (4 x 32 x 2 x 400 x 30
   // bytes over two 400 x 30 planes: 3 MiB), reads its windows' columns as over a wide image; the
   // fashion CNN's pools read whole rows (its first, a tile across two 28 x 28 planes: 52 tiles).
   if (o.kind == TileOpKind::kTileOpMaxPool) {
-    return TileRulePoolRowsTiles(o) * kTileRows * kTileCols > kTileWitnessValueFloats;
+    return !TileRuleTilesFitWitness(TileRulePoolRowsTiles(o));
   }
   if (o.kind != TileOpKind::kTileOpConv && o.kind != TileOpKind::kTileOpConvInputGrad) return false;
   const auto rows = TileRuleTileRows;
@@ -561,7 +587,7 @@ int64_t TileRulePoolSegmentChunks(const TileOp& o, int64_t cols, int64_t rows);
 // A first layer's max-pool reads whole 1,024-float chunks of its examples: a window of k rows over
 // rows of W floats spans about k W / 1,024 of them, so one example's window alone can pass the
 // bound (a 64 x 64 window over 1 x 64 x 2000: 125 chunks, 500 KiB; the plan refused such a pool).
-// Where one example's segment with the partial's tile passes kTileWitnessValueFloats, its window
+// Where one example's segment with the partial's tile passes the witness bound, its window
 // is read in chunks of rows, one a block, as a forward's over activations is
 // (TileRulePoolRowChunks; the partial carries each output's running maximum in its own element):
 // as many rows as lie in kTileWindowTiles chunks of the example at the worst alignment (20 rows
@@ -570,23 +596,23 @@ int64_t TileRulePoolSegmentChunks(const TileOp& o, int64_t cols, int64_t rows);
 // window a block, as it did.
 int64_t TileRulePoolExampleRowChunk(const TileOp& o) {
   const int64_t k = o.conv[4], cols = TileRulePoolSegmentCols(o);
-  if ((TileRulePoolSegmentChunks(o, cols, k) + 1) * kExampleChunkFloats <=
-      kTileWitnessValueFloats) {
-    return k;
-  }
+  // One example's chunks and the partial's tile, its leaf beside them.
+  if (TileRuleTilesFitWitness(TileRulePoolSegmentChunks(o, cols, k) + 1, 0, 1)) return k;
   int64_t q = k;
   while (q > 1 && TileRulePoolSegmentChunks(o, cols, q) > kTileWindowTiles) --q;
   return q;
 }
 // A max-pool's one output's window, k rows of k columns (two tiles a row at the worst alignment up
-// to k = 33, three to 64), passes kTileWitnessValueFloats with its block's other tile or two (dout,
-// the partial) past k = 29. Such a window is read in chunks of rows, each a block, in the forward's
-// scan order (kh, then kw): the forward's piece (one output) carries its running maximum in the
-// partial's own element; the input gradient's chain carries each row's running maximum and its
-// index in the window (exact in a float: below 4,096) beside the accumulators, and adds dout into
-// the argmax after the window's last chunk. A chunk is kTileWindowTiles / (tiles a row) rows: 20
-// up to k = 33 (two chunks at 32), 13 to 64 (five). Up to k = 29 (every pool planned before) a
-// block reads the whole window.
+// to k = 33, three to 64), with its block's other tile or two (dout, the partial) and their
+// proofs, passes the witness bound past k = 25 (TileRuleTilesFitWitness: 2 k + 2 = 54 tiles at
+// k = 26, 268,696 bytes at the worst; up to 29 rows were read whole before, 60 tiles, ~269 KB
+// with proofs of 11 levels). Such a window is read in chunks of rows, each a block, in the
+// forward's scan order (kh, then kw): the forward's piece (one output) carries its running maximum
+// in the partial's own element; the input gradient's chain carries each row's running maximum and
+// its index in the window (exact in a float: below 4,096) beside the accumulators, and adds dout
+// into the argmax after the window's last chunk. A chunk is kTileWindowTiles / (tiles a row) rows:
+// 20 up to k = 33 (two chunks from 26), 13 to 64 (five). Up to k = 25 a block reads the whole
+// window.
 int64_t TileRulePoolRowChunk(const TileOp& o) {
   const int64_t k = o.conv[4], tiles = (k + kTileCols - 2) / kTileCols + 1;
   // Only a forward read by its windows' columns (TileRuleWindowWide; not a first layer's, whose
@@ -598,7 +624,7 @@ int64_t TileRulePoolRowChunk(const TileOp& o) {
   const bool cut = o.kind == TileOpKind::kTileOpMaxPoolInputGrad
                        ? o.window_chain
                        : o.x != kTileOperandBatch && TileRuleWindowWide(o);
-  if (!cut || (k * tiles + 2) * kTileRows * kTileCols <= kTileWitnessValueFloats) return k;
+  if (!cut || TileRuleTilesFitWitness(k * tiles + 2)) return k;
   return kTileWindowTiles / tiles;
 }
 int64_t TileRulePoolRowChunks(const TileOp& o) {
@@ -633,7 +659,7 @@ int64_t TileRulePoolRowChunks(const TileOp& o) {
 // a 4 x 4 window of stride 4 (every shape a model or test used before) a tile is one piece (at
 // most 40 tiles: 2 runs of 4 rows of 5 tiles, or narrower runs of 2). Past k = 20 even
 // one output's window (two tiles a row) passes 40 tiles: such a window's piece is one output (up
-// to 60 tiles at k = 29; past that its rows are read in chunks, one a block:
+// to 52 tiles at k = 25; past that its rows are read in chunks, one a block:
 // TileRulePoolRowChunks).
 // The most chunks of an example one segment of a first layer's max-pool reads: its window's k
 // rows, (k - 1) W + cols floats from its first, in one chunk where a plane lies in one, or where
@@ -766,14 +792,15 @@ int64_t TileRulePoolChainGroupTiles(const TileOp& o);
 
 // The most floats of values a block of a max-pool forward or input-gradient tile reads (whole
 // tiles of kTileRows x kTileCols, chunks of 32 examples, the partial's tile), by the footprints'
-// arithmetic at the worst alignment of the windows' columns in the tiles. The tile plan refuses a
-// max-pool past kTileWitnessValueFloats (PlanStepTiles), so every tile witness it leads to stays
-// under the 256 KiB bound. A forward tile is cut into pieces (TileRuleConvPiecesOf) down to one
-// output's window, k rows in up to two tiles each; a whole input-gradient tile reads, for each
-// input row run (two where its 32 columns wrap a row), the outputs whose windows reach it and
-// those windows' k rows (the windows' argmax), which passes the bound from windows of about 16
-// rows over wide images (a 16 x 16 window of stride 8 over 601-wide rows: 290,816 bytes); past
-// it the tile is a chain over those outputs (TileOp::window_chain), one output's window a block.
+// arithmetic at the worst alignment of the windows' columns in the tiles. The tile plan narrows or
+// refuses a max-pool whose block's witness (these values with their proofs:
+// TileRuleBlockWitnessBytes) passes the 256 KiB bound (PlanStepTiles). A forward tile is cut into
+// pieces (TileRuleConvPiecesOf) down to one output's window, k rows in up to two tiles each; a
+// whole input-gradient tile reads, for each input row run (two where its 32 columns wrap a row),
+// the outputs whose windows reach it and those windows' k rows (the windows' argmax), which passes
+// the bound from windows of about 16 rows over wide images (a 16 x 16 window of stride 8 over
+// 601-wide rows: 290,816 bytes); past it the tile is a chain over those outputs
+// (TileOp::window_chain), one output's window a block.
 int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   constexpr int64_t kTile = kTileRows * kTileCols;
   const int64_t H = o.conv[1], W = o.conv[2], k = o.conv[4], s = o.conv[6];
@@ -800,7 +827,7 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   if (o.kind != TileOpKind::kTileOpMaxPoolInputGrad) return 0;
   // Narrowed into a chain over its outputs (TileRulePoolChainSlots): a block reads one output's
   // dout (one tile) and its window's k rows of k columns, with the tile's accumulators.
-  // A window past 29 rows in chunks of rows, the partial carrying each row's running maximum and
+  // A window past 25 rows in chunks of rows, the partial carrying each row's running maximum and
   // its index.
   if (o.window_chain) {
     const int64_t rows = TileRulePoolRowChunk(o);
@@ -841,41 +868,83 @@ int64_t TileRuleWindowBlockFloats(const TilePlan& plan, const TileOp& o) {
   return TileRuleTilePlanes(o.conv[0], H, W) * tiles * kTile;
 }
 
+// The proof levels of the plan's operators' tiles at most (their output roots' trees).
+int64_t TileRulePlanProofLevels(const TilePlan& plan) {
+  int64_t tiles = 1;
+  for (const TileOp& o : plan.ops) tiles = std::max(tiles, o.grid.count());
+  int64_t levels = 0;
+  while ((int64_t{1} << levels) < tiles) ++levels;
+  return levels;
+}
+// The witness bytes of a block of operator `j` reading `floats` floats of values (whole tiles, the
+// partial's tile and, a first layer's, chunks of its examples) and `examples` examples' leaves:
+// TileRuleWitnessBytes with the plan's proof levels (its largest operator's tiles; an example's
+// proof at kTileWorstProofLevels, the data set's size unknown here) and the output roots of the
+// j operators before it.
+int64_t TileRuleBlockWitnessBytes(const TilePlan& plan, int64_t j, int64_t floats,
+                                  int64_t examples) {
+  constexpr int64_t kTile = kTileRows * kTileCols;
+  // Magic (its length and up to 27 bytes), the counts of outputs, tiles, examples, partial,
+  // pages and chunked examples, and the roots.
+  const int64_t fixed = 4 + 27 + 6 * 4 + 32 * j;
+  return TileRuleWitnessBytes(floats, (floats + kTile - 1) / kTile, examples,
+                              TileRulePlanProofLevels(plan), fixed);
+}
+int64_t TileRuleWindowBlockWitnessBytes(const TilePlan& plan, int64_t op) {
+  const TileOp& o = plan.ops[static_cast<size_t>(op)];
+  // A first layer's block reads a piece's examples (TileRuleConvPiecesOf: a part of the tile's).
+  const int64_t examples = o.x != kTileOperandBatch ? 0
+                           : TileRuleConvOverChunks(o)
+                               ? kTileRows / TileRuleConvPiecesOf(o).row_parts
+                               : kTileRows;
+  return TileRuleBlockWitnessBytes(plan, op, TileRuleWindowBlockFloats(plan, o), examples);
+}
+
 // The blocks of a tile row a max-pool's footprints are read exactly over, past which its
 // arithmetic bound rules alone.
 constexpr int64_t kTileWindowCheckTiles = 1 << 14;
-// Narrows, or refuses, a plan's max-pools (forward or input gradient) whose blocks could read more
-// than kTileWitnessValueFloats: past TileRuleWindowBlockFloats's arithmetic (at the worst
-// alignment), every block of its first tile row is read exactly (every tile row reads the same
-// columns, the last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic
-// decides. An input gradient past the bound whole is made a chain over its outputs
-// (TileOp::window_chain: every pool the plan took before keeps its plan), past 29 rows over chunks
-// of each window's rows (TileRulePoolRowChunks), as a forward's one-output pieces are (a first
-// layer's too, by the chunks of its examples its rows lie in: TileRulePoolExampleRowChunk); what
-// still passes (no window the engine builds, kernels being at most 64) is refused.
+// The most bytes a witness of a block of max-pool operator `j` takes: TileRuleWindowBlockFloats's
+// arithmetic (at the worst alignment) with its proofs, or, past the bound, the largest of the
+// witnesses of every block of its first tile row read exactly (every tile row reads the same
+// columns, the last one fewer rows), up to kTileWindowCheckTiles blocks; past that the arithmetic.
+Result<int64_t> TileRuleWindowWorstWitnessBytes(const TilePlan& plan, int64_t j) {
+  const TileOp& o = plan.ops[static_cast<size_t>(j)];
+  int64_t bytes = TileRuleWindowBlockWitnessBytes(plan, j);
+  const int64_t blocks = std::max<int64_t>(ReductionBlocks(plan, j), 1);
+  if (bytes <= kTileWitnessBytes || o.grid.col_tiles() * blocks > kTileWindowCheckTiles) {
+    return bytes;
+  }
+  bytes = 0;
+  for (int64_t t = 0; t < o.grid.col_tiles(); ++t) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, b));
+      const int64_t examples = static_cast<int64_t>(fp.batch_rows.size());
+      bytes = std::max(bytes, TileRuleBlockWitnessBytes(
+                                  plan, j, TileRuleFootprintFloats(plan, j, t, b, fp), examples));
+    }
+  }
+  return bytes;
+}
+// Narrows, or refuses, a plan's max-pools (forward or input gradient) whose blocks' witnesses could
+// pass kTileWitnessBytes (TileRuleWindowWorstWitnessBytes: values, proofs and fixed parts, at the
+// worst alignment or read exactly). An input gradient past the bound whole is made a chain over
+// its outputs (TileOp::window_chain: every pool the plan took before keeps its plan), past 25 rows
+// over chunks of each window's rows (TileRulePoolRowChunks), as a forward's one-output pieces are
+// (a first layer's too, by the chunks of its examples its rows lie in:
+// TileRulePoolExampleRowChunk); what still passes (no window the engine builds, kernels being at
+// most 64) is refused.
 Status TileRuleCheckWindowBlocks(TilePlan& plan) {
   for (int64_t j = 0; j < static_cast<int64_t>(plan.ops.size()); ++j) {
     TileOp& o = plan.ops[static_cast<size_t>(j)];
     if (o.kind != TileOpKind::kTileOpMaxPool && o.kind != TileOpKind::kTileOpMaxPoolInputGrad) {
       continue;
     }
-    int64_t floats = TileRuleWindowBlockFloats(plan, o);
-    if (floats <= kTileWitnessValueFloats) continue;
-    const int64_t blocks = std::max<int64_t>(ReductionBlocks(plan, j), 1);
-    if (o.grid.col_tiles() * blocks <= kTileWindowCheckTiles) {
-      floats = 0;
-      for (int64_t t = 0; t < o.grid.col_tiles(); ++t) {
-        for (int64_t b = 0; b < blocks; ++b) {
-          ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, b));
-          floats = std::max(floats, TileRuleFootprintFloats(plan, j, t, b, fp));
-        }
-      }
-      if (floats <= kTileWitnessValueFloats) continue;
-    }
+    ML_ASSIGN_OR_RETURN(int64_t bytes, TileRuleWindowWorstWitnessBytes(plan, j));
+    if (bytes <= kTileWitnessBytes) continue;
     if (o.kind == TileOpKind::kTileOpMaxPoolInputGrad && !o.window_chain) {
       o.window_chain = true;
-      floats = TileRuleWindowBlockFloats(plan, o);
-      if (floats <= kTileWitnessValueFloats) continue;
+      ML_ASSIGN_OR_RETURN(bytes, TileRuleWindowWorstWitnessBytes(plan, j));
+      if (bytes <= kTileWitnessBytes) continue;
     }
     // "layers.<i>.out" or "layers.<i>.in.grad" (after a micro-batch's prefix).
     const size_t at = o.name.find("layers.");
@@ -885,9 +954,10 @@ Status TileRuleCheckWindowBlocks(TilePlan& plan) {
         "tile rule: model." + layer.substr(0, 6) + "[" + layer.substr(7) + "] (maxpool2d, a " +
         n(o.conv[4]) + " x " + n(o.conv[4]) + " window of stride " + n(o.conv[6]) + " over " +
         n(o.conv[0]) + " x " + n(o.conv[1]) + " x " + n(o.conv[2]) + "): a block of its " +
-        (o.kind == TileOpKind::kTileOpMaxPool ? "output" : "input gradient") + " can read " +
-        n(4 * floats / 1024) + " KiB of values, past the " + n(4 * kTileWitnessValueFloats / 1024) +
-        " KiB a tile witness carries under its 256 KiB bound, so the ledger could not rule it; "
+        (o.kind == TileOpKind::kTileOpMaxPool ? "output" : "input gradient") +
+        "'s witness can reach " + n(bytes) + " bytes (values and proofs), past the " +
+        n(kTileWitnessBytes) +
+        "-byte bound of a tile witness, so the ledger could not rule it; "
         "the tile plan cuts a max-pool's blocks down to chunks of one output's window's rows "
         "(docs/verification.md, \"The witness bound\"): use a smaller window or narrower "
         "images");
@@ -917,8 +987,7 @@ std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int6
 // times the most outputs of a row reaching a run; a slot past a tile's runs or its run's outputs
 // leaves the partial as it is. One output's block reads dout of its output (one tile) and its
 // window's k rows of k columns (two tiles a row up to k = 33): with the partial, 2k + 2 tiles,
-// under the 60 of kTileWitnessValueFloats up to k = 29 (the forward's one-output piece reads as
-// much).
+// whose witness fits the bound up to k = 25 (the forward's one-output piece reads as much).
 // A block is a group of consecutive slots of its run, in the same order: `group` outputs of one
 // output row, or (where a whole row fits, group == cols) `row_group` whole rows of them; the
 // recompute visits its outputs in increasing (oh, ow), so every element still sees its outputs
@@ -927,11 +996,12 @@ std::pair<int64_t, int64_t> TileRuleWindowRows(const TileOp& o, int64_t h0, int6
 // worst alignment: dout of its outputs, each window row's columns of its outputs and the partial's
 // tile. (A 16 x 16 window of stride 1 over 4 x 64 x 64: 18 outputs a block, 48 blocks where one
 // output a block made 752; 20 x 20 of stride 1: 14 outputs, 43 tiles, one more than one output's
-// window.) A window past 29 rows (read in chunks of its rows), or whose two outputs pass
+// window.) A window past 25 rows (read in chunks of its rows), or whose two outputs pass
 // kTilePoolGroupTiles (k >= 23), is one output a block, as before.
-// 48 tiles: 192 KiB of values, and 64 KiB left for the block's tiles' proofs (each under 1,365
-// bytes: a proof of 40 levels) and the output roots, under the 256 KiB witness bound.
+// 48 tiles: 192 KiB of values, and 64 KiB left for the block's tiles' proofs and the output roots
+// (TileRuleTilesFitWitness: 239,296 bytes at the worst), under the 256 KiB witness bound.
 constexpr int64_t kTilePoolGroupTiles = 48;
+static_assert(TileRuleTilesFitWitness(kTilePoolGroupTiles));
 struct TileRulePoolChainSlots {
   int64_t runs = 0, rows = 0, cols = 0;
   int64_t group = 1;      // outputs of a row a block (<= cols)
@@ -2014,6 +2084,20 @@ Result<TilePlan> TileRulePlan(const ModelSpec& model, const OptimizerSpec& optim
 
 }  // namespace
 
+Result<int64_t> TileRuleMaxPoolBlockWitnessBytes(const TilePlan& plan, int64_t op) {
+  if (op < 0 || op >= static_cast<int64_t>(plan.ops.size())) {
+    return InvalidArgument("TileRuleMaxPoolBlockWitnessBytes: operator " + std::to_string(op) +
+                           " out of range [0, " + std::to_string(plan.ops.size()) + ")");
+  }
+  const TileOpKind kind = plan.ops[static_cast<size_t>(op)].kind;
+  if (kind != TileOpKind::kTileOpMaxPool && kind != TileOpKind::kTileOpMaxPoolInputGrad) {
+    return InvalidArgument("TileRuleMaxPoolBlockWitnessBytes: operator " +
+                           plan.ops[static_cast<size_t>(op)].name +
+                           " is not a max-pool (forward or input gradient)");
+  }
+  return TileRuleWindowWorstWitnessBytes(plan, op);
+}
+
 int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
                                 const TileFootprint& fp) {
   int64_t floats = ReductionPartialFloats(plan, op, tile, block);
@@ -2082,7 +2166,7 @@ int64_t ReductionBlocks(const TilePlan& plan, int64_t op) {
     return n > kTileConvChannels ? (n + kTileConvChannels - 1) / kTileConvChannels : 0;
   }
   // A max-pool input gradient narrowed into a chain over its outputs: one output a block.
-  // (Past 29 window rows: one a chunk of its rows, TileRulePoolRowChunks.)
+  // (Past 25 window rows: one a chunk of its rows, TileRulePoolRowChunks.)
   if (o.kind == TileOpKind::kTileOpMaxPoolInputGrad && o.window_chain) {
     return TileRulePoolChainSlotsOf(o).count() * TileRulePoolRowChunks(o);
   }
@@ -2391,7 +2475,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
         const int64_t k = o.conv[4], s = o.conv[6];
         const TileRuleConvPiece pc = TileRuleConvPieceOf(o, t, blocks, block);
         if (pc.r0 >= pc.r1 || pc.c0 >= pc.c1) break;  // past a short tile's segments
-        // (A window past 29 rows: the block's chunk of them, pc.pair_block.)
+        // (A window past 25 rows: the block's chunk of them, pc.pair_block.)
         const int64_t q = TileRulePoolRowChunk(o), kh0 = pc.pair_block * q;
         const int64_t kh1 = std::min(k, kh0 + q);
         ForEachPlaneRun(TileRuleOutH(o), TileRuleOutW(o), pc.c0, pc.c1,
@@ -2505,7 +2589,7 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
       if (o.window_chain) {
         // A chain over the outputs reaching the tile (TileRulePoolChainBlockOf): the block's
         // outputs' dout and their windows' k rows, output by output.
-        // (Past 29 rows: one output, the block's chunk of its rows, dout with the last.)
+        // (Past 25 rows: one output, the block's chunk of its rows, dout with the last.)
         const int64_t rc = TileRulePoolRowChunks(o), q = TileRulePoolRowChunk(o);
         const int64_t kh0 = block % rc * q, kh1 = std::min(k, kh0 + q);
         const TileRulePoolChainBlock pb = TileRulePoolChainBlockOf(o, t, block / rc);
@@ -3401,7 +3485,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
           const std::vector<float>& x = chan[static_cast<size_t>(c - cs.oc0)];
           const int64_t pr = t.r0 + r - pc.r0;
           auto at = [&](int64_t ih, int64_t iw) { return x[(pr * IH + ih - cs.ih0) * W + iw]; };
-          // A window past 29 rows: the block's chunk of rows, from the running maximum the
+          // A window past 25 rows: the block's chunk of rows, from the running maximum the
           // partial holds after the chunks before it.
           const int64_t kh0 = pc.pair_block * q, kh1 = std::min(k, kh0 + q);
           float best = kh0 == 0 ? at(oh * s, ow * s) : in.partial[static_cast<size_t>(r * K + jj)];
@@ -3527,7 +3611,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         // The chain over the outputs reaching the tile (TileRulePoolChainBlockOf): the block's
         // output, by the forward's scan, adds its dout into its argmax where that is an element
         // of the block's run; every other element keeps the agreed accumulator (0 before block 0).
-        // Past 29 rows a block is a chunk of the window's rows: the partial carries, after the
+        // Past 25 rows a block is a chunk of the window's rows: the partial carries, after the
         // accumulators, each row's running maximum and its index in the window (kh k + kw), and
         // dout is added after the last chunk.
         const int64_t rc = TileRulePoolRowChunks(o), q = TileRulePoolRowChunk(o), n = t.numel();
@@ -3536,7 +3620,7 @@ Result<std::vector<float>> RecomputeTile(const TilePlan& plan, int64_t op, int64
         out.resize(static_cast<size_t>(n + (rc > 1 ? 2 * R : 0)), 0.0f);
         const TileRulePoolChainBlock pb = TileRulePoolChainBlockOf(o, t, block / rc);
         // The block's outputs in increasing (oh, ow) (TileRulePoolChainSlots: a group of them;
-        // past 29 rows, one).
+        // past 25 rows, one).
         for (int64_t oh = pb.oh0; !pb.empty && oh < pb.oh1; ++oh) {
           for (int64_t ow = pb.ow0; ow < pb.ow1; ++ow) {
             const int64_t f = (pb.c * OH + oh) * OW + ow;

@@ -1081,6 +1081,48 @@ TEST(TileRuleConvTest, AMaxPoolInputGradientPastTheBoundIsAChainOverItsOutputsBi
   }
 }
 
+// A max-pool's block is bounded by its whole witness (values, each tile's Merkle proof, the fixed
+// parts: TileRuleMaxPoolBlockWitnessBytes), not its values alone: a one-output chain block of a 29
+// x 29 window reads 2 k + 2 = 60 tiles (245,760 bytes of values), with ~400 bytes of proof a tile
+// past the 262,144-byte bound at the worst alignment. Over windows 20 to 33 of strides 1, k / 2
+// and k over 600- and 601-wide activations, and a first layer's over 1 x H x 2000, every max-pool
+// of every plan (forward and input gradient: row chunks, groups of outputs, first-layer chunks)
+// has its worst-alignment witness within the bound; one output's window is read whole up to 25
+// rows, in chunks of its rows past (the plan read 26 to 29 rows whole before).
+TEST(TileRuleConvTest, EveryMaxPoolBlocksWorstWitnessIsWithinTheBound) {
+  int planned = 0;
+  int64_t largest = 0;
+  for (int64_t k = 20; k <= 33; ++k) {
+    for (int64_t s : {int64_t{1}, k / 2, k}) {
+      for (const std::string& shape : {"2, " + std::to_string(k + 3 * s) + ", 600",
+                                       "2, " + std::to_string(k + 3 * s) + ", 601",
+                                       "1, " + std::to_string(k + 3 * s) + ", 2000"}) {
+        const bool first = shape[0] == '1';
+        SCOPED_TRACE(std::to_string(k) + " stride " + std::to_string(s) + " over " + shape);
+        Result<TaskSpec> spec = SyntheticTask("tile-pool-witness", 17, shape,
+                                              first ? PoolLayers(k, s) : PoolAfterRelu(k, s), 32);
+        ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+        Result<TilePlan> plan = PlanStepTiles(spec->model, spec->optimizer, 32);
+        ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+        ++planned;
+        for (size_t j = 0; j < plan->ops.size(); ++j) {
+          const TileOp& op = plan->ops[j];
+          if (op.kind != TileOpKind::kTileOpMaxPool &&
+              op.kind != TileOpKind::kTileOpMaxPoolInputGrad) {
+            continue;
+          }
+          Result<int64_t> bytes = TileRuleMaxPoolBlockWitnessBytes(*plan, static_cast<int64_t>(j));
+          ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+          largest = std::max(largest, *bytes);
+          EXPECT_LE(*bytes, 256 * 1024) << op.name;
+        }
+      }
+    }
+  }
+  std::printf("[ pool witness] %d plans, largest worst-alignment block witness %lld bytes\n",
+              planned, static_cast<long long>(largest));
+}
+
 // The blocks of a max-pool input gradient's chain when each was one output (helper-116's plan,
 // before the groups of outputs): the most runs of a tile, times the output rows reaching an input
 // row, times the outputs of a row reaching a run, times the chunks of a window's rows (two past

@@ -1582,6 +1582,34 @@ stride = 16
   ExpectTheHonestSideWinsAtEveryTile(lies, "32 x 32 max-pool over 2 x 80 x 601");
 }
 
+// A 29 x 29 max-pool of stride 1 over 2 x 32 x 608 (rows of whole tiles: every window row at the
+// same offset in its tiles): output (0, 0, 140)'s window, columns 140..168 of rows 0..28, crosses
+// the tile boundary at 160 in every one of its 29 rows. Its input gradient's chain block read it
+// whole (2 x 29 tiles, dout's, the partial's: 60 tiles, 245,760 bytes of values), and with each
+// tile's proof (11 levels: 388 bytes) its witness was about 269 KB, past the 262,144-byte bound.
+// The plan now prices a block's witness with its proofs (engine TileRuleMaxPoolBlockWitnessBytes)
+// and reads a window past 25 rows in chunks of its rows (20 and 9 here): a lie at tile 537
+// (channel 0's row 28, columns 160..191; output rows 0..3 by outputs 132..191 reach it), that
+// output's first chunk (slot 8 of output row 0), is ruled from 20 rows of its window, the witness
+// under the bound.
+TEST(TileDisputeTest, AMaxPoolsWorstAlignedWindowOf29RowsIsRuledWithItsWitnessUnderTheBound) {
+  static const auto* setup = ConvAfterReluSetup({2, 32, 608}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 29
+stride = 1
+)");
+  g_setup = setup;
+  const int64_t j = OpIndex("layers.1.in.grad");
+  ASSERT_TRUE(Context().plan.ops[static_cast<size_t>(j)].window_chain);
+  // One run a tile, 4 output rows by 60 outputs reaching it, each in chunks of its window's rows.
+  const int64_t chunks = engine::ReductionBlocks(Context().plan, j) / (4 * 60);
+  EXPECT_EQ(chunks, 2);
+  const std::vector<Lie> lies = {
+      {LieKind::kTile, "layers.1.in.grad", 9, 28 * 608 + 170, 8 * chunks},
+  };
+  ExpectTheHonestSideWinsAtEveryTile(lies, "29 x 29 max-pool's input gradient over 2 x 32 x 608");
+}
+
 // A chunked example's chunk must be the footprint's and proven against the example's chunk root,
 // and the example's leaf over that root proven against the data root; a witness that carries the
 // example whole (the format of smaller examples) is refused too.

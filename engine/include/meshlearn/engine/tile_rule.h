@@ -512,10 +512,20 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
 
 // The floats of values footprint `fp` of block `block` of tile `tile` of operator `op` names: its
 // tiles, the examples it reads (by the chunks it reads where chunked) and the partial. A witness
-// of the block carries these (plus one label per example) beside its proofs; the plan refuses a
-// max-pool whose blocks could pass kTileWitnessValueFloats by it.
+// of the block carries these (plus one label per example) beside its proofs; the plan narrows or
+// refuses a max-pool whose blocks' witnesses could pass the bound by it (with their proofs:
+// TileRuleMaxPoolBlockWitnessBytes).
 int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
                                 const TileFootprint& fp);
+
+// The most bytes a witness of a block of max-pool operator `op` (forward or input gradient) of
+// `plan` can take: its values, each tile's (or example chunk's) Merkle proof at the plan's proof
+// levels (its largest operator's tiles), its examples' leaves (a proof of 24 levels) and the fixed
+// parts, at the worst alignment of its windows (or, past the bound by that arithmetic, its first
+// tile row's blocks read exactly). PlanStepTiles narrows or refuses every max-pool past the
+// ledger's 256 KiB bound (kMaxTileWitnessBytes) by it. InvalidArgument for an operator out of
+// range or not a max-pool.
+Result<int64_t> TileRuleMaxPoolBlockWitnessBytes(const TilePlan& plan, int64_t op);
 
 // The values a footprint names.
 struct TileInputs {
