@@ -442,7 +442,8 @@ Result<Bytes> StageEvidence::HandleSlice(const net::Request& r) const {
     return DataLoss("stage.slice: " + what + " cannot be opened: " + file.status().message());
   }
   if (tensor) {
-    // Written whole and atomically: one of another size was changed behind the node's back.
+    // Written whole before any step listing it was served: one of another size was changed
+    // behind the node's back.
     Result<uint64_t> on_disk = (*file)->Size();
     if (!on_disk.ok()) return on_disk.status().WithPrefix("stage.slice: " + what);
     if (*on_disk != size) {

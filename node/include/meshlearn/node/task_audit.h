@@ -196,6 +196,8 @@ struct AuditOptions {
   std::function<nlohmann::json(const AuditUnit&, const StageFraudProof&)> on_stage_fraud;
 };
 
+// Returns the bytes of blob `id` (content-verified), or an error when no one serves it.
+using BlobGetter = std::function<Result<Bytes>(const Hash256& id)>;
 
 // What `task audit --prove` sends for unit `u` of `task` (its get_task answer with units) whose
 // segment w.segment does not replay to its leaf (on_fraud's arguments; docs/verification.md,
@@ -208,9 +210,6 @@ struct AuditOptions {
 //     (ledger::MismatchNeedsBundle: the tile phase; fetched by `get`, else ""). Its sender then
 //     plays the challenger's side until the game is ruled (AgentOptions::late_challenger), or
 //     loses its bond by silence.
-// Returns the bytes of blob `id` (content-verified), or an error when no one serves it.
-using BlobGetter = std::function<Result<Bytes>(const Hash256& id)>;
-
 struct FraudProofSend {
   ledger::TxPayload tx;
   bool late = false;           // a LateChallengeTx
