@@ -291,7 +291,7 @@ TEST(Devnet, AMemoryLimitThatNothingFitsIsRefusedUpFront) {
     std::string args, want;
   } cases[] = {
       {"--task tests/devnet-pipeline.toml --solvers 6 --no-verification --memory-limit 100K",
-       "below the heaviest of the task's 3 stages (320768 bytes)"},
+       "below the heaviest of the task's 3 stages (338688 bytes)"},
       {"--task tests/devnet-tiny.toml --memory-limit 1K", "below what one unit of the task needs"},
       {"--task tests/devnet-tiny.toml --memory-limit 12X", "--memory-limit is '12X'"},
       {"--task tests/devnet-tiny.toml --memory-limit 0", "--memory-limit is '0'"},
