@@ -115,49 +115,61 @@ std::string ProofLine(const node::AuditUnit& u) {
       p.value("clawed_back", uint64_t{0}), p.value("bounty", uint64_t{0}), rounds);
 }
 
-// Sends the ProveFraud of segment `segment` of unit `u` with `witness` and waits for its block;
-// `out` (what the witness is) gains what became of it: the answer AuditUnit::proof keeps.
-json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
-                    const Hash256& task_id, const node::AuditUnit& u, uint32_t segment,
-                    Bytes witness, json out) {
+// Signs `payload` with `key`, sends it and waits for its block; `out` gains the transaction's id,
+// `sent`, `ok` and the error (`name` the transaction's, `refused` what the ledger refused).
+// Returns whether the ledger executed it.
+bool SendAndWait(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
+                 ledger::TxPayload payload, std::string_view name, std::string_view refused,
+                 json* out) {
   Result<uint64_t> nonce = ledger::FetchNextNonce(rpc, key.public_key());
   if (!nonce.ok()) {
-    out["error"] = nonce.status().message();
-    return out;
+    (*out)["error"] = nonce.status().message();
+    return false;
   }
-  const ledger::Transaction tx =
-      ledger::BuildSignedTx(key, chain_id, *nonce,
-                            ledger::ProveFraudTx{.task_id = task_id,
-                                                 .index = u.index,
-                                                 .segment = segment,
-                                                 .witness = {std::move(witness)}});
-  out["tx"] = ledger::TxId(tx).ToHex();
+  const ledger::Transaction tx = ledger::BuildSignedTx(key, chain_id, *nonce, std::move(payload));
+  (*out)["tx"] = ledger::TxId(tx).ToHex();
   Result<json> done = ledger::SendTxAndWait(rpc, tx, 120000);
   if (!done.ok()) {
-    out["error"] = "ProveFraud was not included: " + done.status().message();
-    return out;
+    (*out)["error"] = std::string(name) + " was not included: " + done.status().message();
+    return false;
   }
-  out["sent"] = true;
+  (*out)["sent"] = true;
   const json receipt = done->value("receipt", json::object());
-  out["ok"] = receipt.value("ok", false);
+  (*out)["ok"] = receipt.value("ok", false);
   if (!receipt.value("ok", false)) {
-    out["error"] =
-        "the ledger refused the proof: " + receipt.value("reason", std::string("no reason given"));
-    return out;
+    (*out)["error"] = "the ledger refused the " + std::string(refused) + ": " +
+                      receipt.value("reason", std::string("no reason given"));
+    return false;
   }
+  return true;
+}
+
+// What the task's `verification` record says became of unit `index`'s proven fraud, into `out`
+// (the answer AuditUnit::proof keeps; PrintReport's proof line reads it). Returns whether the
+// record lists it as proven.
+bool RecordProvenFraud(const json& verification, uint32_t index, json* out) {
+  bool proven = false;
+  for (const json& f : verification.value("proven_frauds", json::array())) {
+    if (f.value("index", UINT32_MAX) != index) continue;
+    (*out)["slashed"] = f.value("slashed", uint64_t{0});
+    (*out)["clawed_back"] = f.value("clawed_back", uint64_t{0});
+    (*out)["bounty"] = f.value("bounty", uint64_t{0});
+    (*out)["rewound"] = f.value("rewound", false);
+    (*out)["rewound_to"] = f.value("rewound_to", uint32_t{0});
+    proven = true;
+  }
+  (*out)["fraud_rounds"] = verification.value("fraud_rounds", json::array());
+  return proven;
+}
+
+// Sends ProveFraud `tx` (of unit `u`) and waits for its block; `out` (what the witness is) gains
+// what became of it: the answer AuditUnit::proof keeps.
+json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
+                    const node::AuditUnit& u, ledger::ProveFraudTx tx, json out) {
+  const Hash256 task_id = tx.task_id;
+  if (!SendAndWait(rpc, key, chain_id, std::move(tx), "ProveFraud", "proof", &out)) return out;
   Result<json> t = GetTask(rpc, task_id, false);
-  if (t.ok()) {
-    const json v = t->value("verification", json::object());
-    for (const json& f : v.value("proven_frauds", json::array())) {
-      if (f.value("index", uint32_t{0}) != u.index) continue;
-      out["slashed"] = f.value("slashed", uint64_t{0});
-      out["clawed_back"] = f.value("clawed_back", uint64_t{0});
-      out["bounty"] = f.value("bounty", uint64_t{0});
-      out["rewound"] = f.value("rewound", false);
-      out["rewound_to"] = f.value("rewound_to", uint32_t{0});
-    }
-    out["fraud_rounds"] = v.value("fraud_rounds", json::array());
-  }
+  if (t.ok()) (void)RecordProvenFraud(t->value("verification", json::object()), u.index, &out);
   return out;
 }
 
@@ -177,33 +189,14 @@ json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
     return out;
   }
   out["witness_bytes"] = f->witness_bytes;
-  const Hash256 task_id = *Hash256::FromHex(task.value("id", std::string()));
   if (!f->late) {
-    return SendProveFraud(rpc, key, chain_id, task_id, u, w.segment,
-                          std::get<ledger::ProveFraudTx>(f->tx).witness.bytes, std::move(out));
+    return SendProveFraud(rpc, key, chain_id, u, std::get<ledger::ProveFraudTx>(std::move(f->tx)),
+                          std::move(out));
   }
   // Over the bound: the late game (docs/verification.md, "Over 8 MiB: a late dispute").
   out["late"] = true;
   out["bond"] = f->bond;
-  Result<uint64_t> nonce = ledger::FetchNextNonce(rpc, key.public_key());
-  if (!nonce.ok()) {
-    out["error"] = nonce.status().message();
-    return out;
-  }
-  const ledger::Transaction tx = ledger::BuildSignedTx(key, chain_id, *nonce, std::move(f->tx));
-  out["tx"] = ledger::TxId(tx).ToHex();
-  Result<json> done = ledger::SendTxAndWait(rpc, tx, 120000);
-  if (!done.ok()) {
-    out["error"] = "LateChallenge was not included: " + done.status().message();
-    return out;
-  }
-  out["sent"] = true;
-  const json receipt = done->value("receipt", json::object());
-  out["ok"] = receipt.value("ok", false);
-  if (!receipt.value("ok", false)) {
-    out["error"] = "the ledger refused the late challenge: " +
-                   receipt.value("reason", std::string("no reason given"));
-  }
+  SendAndWait(rpc, key, chain_id, std::move(f->tx), "LateChallenge", "late challenge", &out);
   return out;
 }
 
@@ -283,17 +276,7 @@ Status PlayLateGames(GlobalOptions& g, node::HttpChainClient& chain, net::BlobSt
         u.proof["reason"] = ru.value("reason", std::string());
       }
     }
-    u.proof["proven"] = false;
-    for (const json& f : v.value("proven_frauds", json::array())) {
-      if (f.value("index", UINT32_MAX) != u.index) continue;
-      u.proof["proven"] = true;
-      u.proof["slashed"] = f.value("slashed", uint64_t{0});
-      u.proof["clawed_back"] = f.value("clawed_back", uint64_t{0});
-      u.proof["bounty"] = f.value("bounty", uint64_t{0});
-      u.proof["rewound"] = f.value("rewound", false);
-      u.proof["rewound_to"] = f.value("rewound_to", uint32_t{0});
-    }
-    u.proof["fraud_rounds"] = v.value("fraud_rounds", json::array());
+    u.proof["proven"] = RecordProvenFraud(v, u.index, &u.proof);
   }
   return Status::Ok();
 }
@@ -318,7 +301,11 @@ json SendStageFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::
             : "the step's commits");
     return out;
   }
-  return SendProveFraud(rpc, key, chain_id, task_id, u, step, w.witness, std::move(out));
+  return SendProveFraud(
+      rpc, key, chain_id, u,
+      ledger::ProveFraudTx{
+          .task_id = task_id, .index = u.index, .segment = step, .witness = {w.witness}},
+      std::move(out));
 }
 
 void PrintReport(const node::AuditReport& r, double seconds) {
