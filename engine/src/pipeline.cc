@@ -112,7 +112,7 @@ StageCost PipeStageCost(const ModelSpec& spec, const OptimizerSpec& optimizer,
   const double weights = 4.0 * static_cast<double>(c.parameters);
   c.param_bytes = 2.0 * weights;
   if (spec.kind == "gpt" && a > 0 && b == static_cast<int64_t>(layers.size())) {
-    c.param_bytes += 2.0 * 4.0 * static_cast<double>(spec.gpt.vocab_size * spec.gpt.n_embd);
+    c.param_bytes += static_cast<double>(TiedWeightAndGradBytes(spec));
   }
   c.optimizer_bytes = PipeMoments(optimizer) * weights;
   // M micro-batches of batch / M samples: all in flight in GPipe order.
@@ -135,6 +135,12 @@ Result<std::vector<StageCost>> CutCosts(const ModelSpec& spec, const OptimizerSp
                                 batch, micro_batches));
   }
   return out;
+}
+
+uint64_t TiedWeightAndGradBytes(const ModelSpec& spec) {
+  if (spec.kind != "gpt") return 0;
+  return 2 * 4 * static_cast<uint64_t>(spec.gpt.vocab_size) *
+         static_cast<uint64_t>(spec.gpt.n_embd);
 }
 
 Result<std::vector<uint64_t>> CutBoundaryBytes(const ModelSpec& spec, const PipelineCut& cut,

@@ -246,10 +246,7 @@ Result<StageTerms> StageTermsOf(const engine::TaskSpec& task, const NetworkSpec&
     // S-1 (the one-float sums are left out).
     uint64_t step_tensors =
         (s > 0 ? terms.boundary_bytes[s - 1] : 0) + (s + 1 < stages ? terms.boundary_bytes[s] : 0);
-    if (task.model.kind == "gpt" && (s == 0 || s + 1 == stages)) {
-      step_tensors += 2 * 4 * static_cast<uint64_t>(task.model.gpt.vocab_size) *
-                      static_cast<uint64_t>(task.model.gpt.n_embd);
-    }
+    if (s == 0 || s + 1 == stages) step_tensors += engine::TiedWeightAndGradBytes(task.model);
     terms.step_tensor_bytes.push_back(step_tensors);
     terms.memory_bytes.push_back(NeedBytes(costs[s]) + step_tensors);
     terms.flops.push_back(costs[s].flops);

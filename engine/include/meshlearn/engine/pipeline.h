@@ -100,6 +100,12 @@ Result<std::vector<StageCost>> CutCosts(const ModelSpec& spec, const OptimizerSp
                                         const PipelineCut& cut, int64_t batch, int64_t seq_len,
                                         int64_t micro_batches);
 
+// A GPT's tied embedding wte and its gradient, in bytes (2 x 4 x vocab_size x n_embd): what the
+// last stage holds beside its own parameters (its head's copy, CutCosts) and what travels between
+// stages 0 and S-1 each step (a stage node's step tensors, node::StageTermsOf). 0 for a model
+// without a tied embedding.
+uint64_t TiedWeightAndGradBytes(const ModelSpec& spec);
+
 // What one step moves across each boundary of `cut`, in bytes: entry s (s = 0..S-2) is the
 // boundary between stages s and s+1, the activations stage s sends forward and the gradients of
 // them stage s+1 sends back for each of the M micro-batches, 4 bytes a float:
