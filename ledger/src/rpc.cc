@@ -545,11 +545,13 @@ json RpcService::Dispatch(const std::string& method, const json& params,
         // task alike: listed as checks with the unit's `late` view, to its solver (role solver,
         // the defender) and to its challenger (role challenger: any account, the one that sent
         // the LateChallenge), which both play the game as a live dispute's parties do.
+        std::optional<Result<protocol::RoundStateMachine>> late_m;  // decoded once, if needed
         for (uint32_t index : t.verification.late_games) {
           Result<WorkUnit> wu = c.GetWorkUnit(t.id, index);
           if (!wu.ok() || !wu->late.open() || wu->check.empty()) continue;
           auto g = protocol::DisputeGame::Decode(wu->late.game);
-          auto m = protocol::RoundStateMachine::Decode(t.runtime);
+          if (!late_m) late_m = protocol::RoundStateMachine::Decode(t.runtime);
+          const Result<protocol::RoundStateMachine>& m = *late_m;
           if (!g.ok() || !m.ok() || wu->round >= m->weights_history().size()) continue;
           const bool defender = g->config().defender == node;
           if (!defender && g->config().challenger != node) continue;
