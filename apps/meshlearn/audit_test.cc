@@ -212,7 +212,8 @@ class CheatingDevnet {
   CheatingDevnet(const CheatingDevnet&) = delete;
   CheatingDevnet& operator=(const CheatingDevnet&) = delete;
 
-  bool up() const { return up_ && rpc_.size() > 22 && id_.size() == 64; }
+  // The ledger's URL ("http://127.0.0.1:" and a port), the task's id, and the task finished.
+  bool up() const { return up_ && rpc_.size() > 17 && id_.size() == 64; }
   const std::string& rpc() const { return rpc_; }
   const std::string& id() const { return id_; }
   const std::string& dir() const { return dir_; }
@@ -251,8 +252,8 @@ uint64_t BalanceOf(const std::string& home, const std::string& name, const std::
 }
 
 // The whole audit as a real process: it finds the lazy units, sends each one's ProveFraud; the
-// first is executed (the solver slashed and jailed, the auditor paid the bounty, the task reopened
-// within its audit window) and the rest are refused while their units run again.
+// first is executed (the solver slashed and jailed, the auditor paid the bounty, the task
+// reopened within its audit window) and the rest are refused while their units run again.
 TEST(TaskAuditProve, AFullAuditProvesALazySolversUnitOnChainAndIsPaidTheBounty) {
   if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good()) {
     GTEST_SKIP() << "Fashion-MNIST not installed";
@@ -294,10 +295,14 @@ TEST(TaskAuditProve, AFullAuditProvesALazySolversUnitOnChainAndIsPaidTheBounty) 
       EXPECT_NE(p.value("error", std::string()).find("the ledger refused the proof"),
                 std::string::npos)
           << p.dump(2);
+      EXPECT_NE(p.value("error", std::string()).find("is not final yet"), std::string::npos)
+          << p.dump(2);
     }
   }
-  EXPECT_EQ(failed, 12) << j.dump(2);  // every unit of the lazy solver
-  EXPECT_EQ(refused, 11);
+  // Every unit re-executed is the lazy solver's: round 0's four at least (the later rounds only
+  // where a node still serves the lazy deltas their start states were aggregated from).
+  EXPECT_GE(failed, 4) << j.dump(2);
+  EXPECT_EQ(refused, failed - 1);
   ASSERT_FALSE(proven.is_null()) << j.dump(2);
   EXPECT_GT(proven.value("slashed", uint64_t{0}), 0u) << proven.dump(2);
   EXPECT_GT(proven.value("bounty", uint64_t{0}), 0u) << proven.dump(2);

@@ -618,7 +618,10 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   if (key) {
     std::set<uint32_t> late;
     for (const node::AuditUnit& u : r.units) {
-      if (u.proof.value("late", false) && u.proof.value("ok", false)) late.insert(u.index);
+      // (A unit that passed, or was not proven, has no proof: null.)
+      if (u.proof.is_object() && u.proof.value("late", false) && u.proof.value("ok", false)) {
+        late.insert(u.index);
+      }
     }
     // And the games this key opened before (an audit stopped while it played them, run again:
     // its LateChallenge is refused as open already, and the game goes on from where it is).
