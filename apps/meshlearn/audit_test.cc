@@ -341,21 +341,23 @@ TEST(TaskAuditProve, AStoppedChallengersLateGameIsResumedAndRuledForIt) {
   const uint64_t before = BalanceOf(auditor, "auditor", net.rpc());
 
   {
-    // One sampled unit (every unit is the lazy solver's), proven late; stopped (kill -9) once
-    // the audit plays the game.
+    // One sampled unit (every unit is the lazy solver's; a sample may re-execute more where it
+    // rebuilds a start state no node serves), proven late; stopped (kill -9) once the audit plays
+    // the game.
     const std::string out = net.dir() + "-audit.out";
     Child audit(auditor, out,
                 {"task", "audit", net.id(), "--sample", "1", "--seed", "1", "--prove", "--key",
                  "auditor", "--witness-limit", "0", "--rpc", net.rpc()},
                 SIGKILL);
-    ASSERT_FALSE(WaitFor(out, "playing the challenger's side of 1 late game(s)", "", 120).empty())
+    ASSERT_FALSE(WaitFor(out, "playing the challenger's side of ", "", 120).empty())
         << ReadText(out);
   }
   CmdResult status = Meshlearn("--json task status " + net.id() + " --rpc " + net.rpc(), auditor,
                                /*with_stderr=*/false);
   json st = json::parse(status.out, nullptr, false);
   ASSERT_FALSE(st.is_discarded()) << status.out;
-  ASSERT_EQ(st["verification"]["late_games"].size(), 1u) << st.dump(2);
+  const size_t open = st["verification"]["late_games"].size();
+  ASSERT_GE(open, 1u) << st.dump(2);
   EXPECT_LT(BalanceOf(auditor, "auditor", net.rpc()), before);  // the bond is up
 
   // Another key challenged nothing.
@@ -372,17 +374,27 @@ TEST(TaskAuditProve, AStoppedChallengersLateGameIsResumedAndRuledForIt) {
   EXPECT_EQ(resumed.code, 0) << resumed.out;
   json r = json::parse(resumed.out, nullptr, false);
   ASSERT_FALSE(r.is_discarded()) << resumed.out;
-  ASSERT_EQ(r["games"].size(), 1u) << r.dump(2);
-  const json& game = r["games"][0];
+  ASSERT_EQ(r["games"].size(), open) << r.dump(2);
+  // The first game ruled proves the solver lied, and its rewind takes back every other unit the
+  // games are on (moot: their bonds back).
+  json game;
+  for (const json& g : r["games"]) {
+    EXPECT_GT(g.value("bond", uint64_t{0}), 0u) << g.dump(2);
+    if (!g.value("proven", false)) {
+      EXPECT_EQ(g["ruled"], "moot") << g.dump(2);
+      continue;
+    }
+    EXPECT_TRUE(game.is_null()) << "a second game proven: " << r.dump(2);
+    game = g;
+  }
+  ASSERT_FALSE(game.is_null()) << r.dump(2);
   EXPECT_EQ(game["ruled"], "challenger") << game.dump(2);
-  EXPECT_TRUE(game.value("proven", false)) << game.dump(2);
-  EXPECT_GT(game.value("bond", uint64_t{0}), 0u) << game.dump(2);
   EXPECT_GT(game.value("bounty", uint64_t{0}), 0u) << game.dump(2);
 
   json solver = net.Solver();
   EXPECT_EQ(solver["node"]["status"], "jailed") << solver.dump(2);
   EXPECT_EQ(solver["node"]["earnings"]["slashed"], game["slashed"]) << solver.dump(2);
-  // The bond back and the bounty.
+  // The bonds back and the bounty.
   EXPECT_EQ(BalanceOf(auditor, "auditor", net.rpc()), before + game.value("bounty", uint64_t{0}));
 
   // Nothing is open any more.
