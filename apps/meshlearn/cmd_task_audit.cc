@@ -739,7 +739,8 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
       "while the solver's stake is bonded (params.unbonding_delay_blocks >=\n"
       "params.audit_window_blocks). A witness over the ledger's 8 MiB (or --witness-limit)\n"
       "opens a late game instead, with a bond of the unit's cost, and the command plays it to\n"
-      "its ruling; stopped meanwhile, --resume-games --key K plays the key's open games on.");
+      "its ruling; stopped meanwhile, --resume-games --key K plays the key's open games on\n"
+      "(exit status 1 when a game was lost: neither proven nor moot).");
   c->callback([&g] { g.Exit(RunAudit(g, a)); });
 }
 
