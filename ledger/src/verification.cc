@@ -1052,10 +1052,11 @@ uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t) {
 }
 
 // The throughput a stage dispute's turns are sized by. A party answers a stage step's dispute
-// from that step traced (its operator trace and every operator's tile roots), which costs about
-// twice a plain step (docs/verification.md's verify_referee bench: the 10M GPT's step 1.7 s,
-// traced 3.3 s), on a node whose cores its own stage unit shares: 100 MFLOP/s, a tenth of the
-// late game's plain re-run floor.
+// from that step traced (its operator trace and every operator's tile roots), which costs two to
+// five times a plain step (docs/verification.md's verify_referee bench: the 10M GPT's step 1.7 s,
+// traced 3.3 s), on a node whose cores its own stage unit shares (the devnet's lazy stage, at
+// load 30, traced a step of 1.5 to 2.8 GFLOP in 21 s): 100 MFLOP/s, a tenth of the late game's
+// plain re-run floor.
 constexpr uint64_t kStageTraceFloorFlopsPerSecond = 100'000'000;
 
 uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t index) {
