@@ -653,7 +653,9 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.commit_height = ctx.height;
   cfg.commit_blocks = p.verdict_commit_blocks;
   cfg.reveal_blocks = p.verdict_reveal_blocks;
-  cfg.dispute_response_blocks = p.dispute_response_blocks;
+  // A stage's turns fit a traced replay of its step (CheckResponseBlocks); a unit's are the
+  // chain's flat dispute_response_blocks.
+  cfg.dispute_response_blocks = CheckResponseBlocks(ctx.genesis, t->params, index);
   cfg.verifiers_per_unit = p.verifiers_per_unit;
   cfg.referee_blocks = p.referee_blocks;
   cfg.tolerance = t->params.tolerance_rel_l2_ppm != 0 || t->params.tolerance_cosine_gap_ppb != 0;
@@ -1037,11 +1039,31 @@ Amount LateChallengeMinBond(const TaskRecord& t, const WorkUnit& u) {
   return AssignedUnitCost(t, u);
 }
 
+uint64_t BlocksForFlops(const Genesis& g, uint64_t flops, uint64_t flops_per_second) {
+  const uint64_t ms = flops / std::max<uint64_t>(flops_per_second / 1000, 1) + 1;
+  const uint64_t interval = std::max<uint64_t>(SchedulerParamsOf(g).block_interval_ms, 1);
+  return ms / interval + 1;
+}
+
 uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t) {
   const uint64_t flops = protocol::UnitFlops(TaskSpecViewOf(t.id, t.params, t.price_cap));
-  const uint64_t ms = flops / (kLateFloorFlopsPerSecond / 1000) + 1;
-  const uint64_t interval = std::max<uint64_t>(SchedulerParamsOf(g).block_interval_ms, 1);
-  return std::max(g.params.dispute_response_blocks, ms / interval + 1);
+  return std::max(g.params.dispute_response_blocks,
+                  BlocksForFlops(g, flops, kLateFloorFlopsPerSecond));
+}
+
+// The throughput a stage dispute's turns are sized by. A party answers a stage step's dispute
+// from that step traced (its operator trace and every operator's tile roots), which costs two to
+// five times a plain step (docs/verification.md's verify_referee bench: the 10M GPT's step 1.7 s,
+// traced 3.3 s), on a node whose cores its own stage unit shares (the devnet's lazy stage, at
+// load 30, traced a step of 1.5 to 2.8 GFLOP in 21 s): 100 MFLOP/s, a tenth of the late game's
+// plain re-run floor.
+constexpr uint64_t kStageTraceFloorFlopsPerSecond = 100'000'000;
+
+uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t index) {
+  if (!IsPipelineTask(p)) return g.params.dispute_response_blocks;
+  const uint64_t flops = p.stage_flops.at(StageSlotOf(p, index).stage);
+  return std::max(g.params.dispute_response_blocks,
+                  2 * BlocksForFlops(g, flops, kStageTraceFloorFlopsPerSecond));
 }
 
 Result<protocol::DisputeGame> LoadLateGame(const WorkUnit& u) {

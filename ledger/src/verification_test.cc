@@ -901,6 +901,13 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   Start();
   const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
   CommitAndDispute(lazy, honest);
+  // A unit's dispute turns are the chain's flat dispute_response_blocks, whatever its work (32
+  // GFLOP: a stage step of that work would get 2 x 321 blocks, CheckResponseBlocks).
+  EXPECT_EQ(Check(lazy).config().dispute_response_blocks, genesis_.params.dispute_response_blocks);
+  EXPECT_EQ(Check(lazy).dispute()->config().response_blocks,
+            genesis_.params.dispute_response_blocks);
+  EXPECT_EQ(CheckResponseBlocks(genesis_, Task().params, static_cast<uint32_t>(lazy)),
+            genesis_.params.dispute_response_blocks);
   const Amount escrow_before = Task().escrow;
   const Amount v1_balance = Balance(carol_);
   // The verifier answers every turn with the true state; the cheater is silent and loses.
