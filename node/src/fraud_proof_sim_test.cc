@@ -9,6 +9,7 @@
 // back to the submitter and the rounds are marked.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -348,7 +349,8 @@ TEST(FraudProofSimTest, TheAuditorPlaysLateGamesAgainstTheSolversNodesAndTheHone
 // round's: they re-run the unit from the round's start state, which they keep for the game). The
 // ledger rules every game itself (RefereeTile: a tile for the lazy units, the roots of the step for
 // the false challenge; no referee key): the lazy solver slashed and jailed, the auditor's bonds
-// back with a bounty each; the honest solver wins its game and the false challenge's bond.
+// back with a bounty each; the honest solver wins its game and the false challenge's bond. The
+// auditor's account and the lazy node are restarted in the tile phase and play on.
 constexpr int64_t kWideDim = 256, kWideHidden = 5120;
 
 TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByTheLedger) {
@@ -441,8 +443,8 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
 
   // After the window, in the block the nodes would release the task's blobs.
   while (sim.height() < audit_end) ASSERT_TRUE(sim.Step().ok());
-  const uint64_t unpinned[2] = {sim.agent(0)->stats().blobs_unpinned,
-                                sim.agent(1)->stats().blobs_unpinned};
+  uint64_t unpinned[2] = {sim.agent(0)->stats().blobs_unpinned,
+                          sim.agent(1)->stats().blobs_unpinned};
   const PublicKey auditor = sim.submitter_key().public_key();
   const uint64_t auditor_before = BalanceOf(sim, auditor);
   const uint64_t solver_before = BalanceOf(sim, sim.node_key(1).public_key());
@@ -488,10 +490,23 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
   std::map<uint32_t, std::set<std::string>> stages;
   std::map<uint32_t, uint32_t> turns;
   uint64_t held_blocks = 0;
+  bool restarted = false;
   for (int b = 0; b < 600 && !sim.Task(false)["verification"]["late_games"].empty(); ++b) {
     ASSERT_TRUE(sim.Step().ok());
     if (sim.Task(false)["verification"]["late_games"].empty()) break;
     ++held_blocks;
+    // Restart-safe: once a game is in its tile phase, the auditor's account and the lazy node
+    // are killed and restarted (their traces lost, their journals kept); both trace the step
+    // again and play on.
+    if (!restarted && std::any_of(lazy_units.begin(), lazy_units.end(),
+                                  [&](uint32_t i) { return stages[i].count("tiles") > 0; })) {
+      for (int i : {0, *challenger}) {
+        sim.Kill(i);
+        ASSERT_TRUE(sim.Restart(i).ok());
+      }
+      unpinned[0] = sim.agent(0)->stats().blobs_unpinned;
+      restarted = true;
+    }
     for (const auto& [node, blobs] : kept) {
       ASSERT_GT(sim.agent(node)->pin_book()->ClosedSeen(sim.task_id()), 0u)
           << "node " << node << " released the task at height " << sim.height()
@@ -516,6 +531,11 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
   const json& v = after["verification"];
   ASSERT_TRUE(v["late_games"].empty()) << v.dump();
   EXPECT_GT(held_blocks, 0u);
+  EXPECT_TRUE(restarted) << "no game reached its tile phase";
+  // (Counted since the restart.)
+  EXPECT_EQ(sim.agent(0)->stats().tx_failed, 0u) << "the restarted lazy node sent a move twice";
+  EXPECT_EQ(sim.agent(*challenger)->stats().tile_witnesses, lazy_units.size())
+      << "the restarted challenger posts each tile's witness";
   EXPECT_GT(sim.height(), audit_end + 1) << "the games outlasted the nodes' release height";
 
   // Every game ruled by the ledger from a RefereeTile: the lazy units at one tile (the operator
