@@ -1524,6 +1524,14 @@ Result<GameAtReferee> GameAtRefereeOf(const LedgerState& s, const Hash256& task_
     }
     return GameAtReferee{.unit = u, .check = std::nullopt, .late = std::move(g)};
   }
+  // A closed task's units are disputed only by late games: "the task is finished" would hide
+  // why there is nothing to rule (most often the other party's witness ruled the game first).
+  if (const TaskRecord* t = s.tasks.Find(task_id); t != nullptr && t->status != TaskStatus::kOpen) {
+    return FailedPrecondition(std::string(what) + ": unit " + std::to_string(index) + " of task " +
+                              task_id.ShortHex() + " (" + std::string(TaskStatusName(t->status)) +
+                              ") has no late game waiting for the referee: none was opened on it, "
+                              "or it is ruled already");
+  }
   ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(s, task_id, index, what));
   return GameAtReferee{.unit = r.unit, .check = std::move(r.check), .late = std::nullopt};
 }

@@ -2146,6 +2146,12 @@ TEST_P(LateGameTest, TheLateGameRulesForTheHonestSideAndSilenceLoses) {
     EXPECT_EQ(ruled.tx_id, TxId(ruling));
     EXPECT_EQ(ruled.challenger, dave_.public_key());
     EXPECT_EQ(ruled.defender_honest, !true_challenge);
+    // The other party's witness, a block late: the game is closed, and the refusal says so.
+    std::vector<Receipt> again =
+        Step({RefereeStep(erin_, static_cast<uint32_t>(u_), Witness(step))});
+    EXPECT_FALSE(again[0].ok);
+    EXPECT_NE(again[0].reason.find("has no late game waiting for the referee"), std::string::npos)
+        << again[0].reason;
   }
   Step();
   // The game is over, its bond paid out, nothing left on the unit.
