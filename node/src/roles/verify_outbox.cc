@@ -81,6 +81,12 @@ bool VerifyOutbox::SendProof(const VerifyAction& action, ledger::TxPayload proof
   pending_proofs_.erase(action);
   if (Done(action)) return false;
   const VerifyAction commit = CommitActionOf(action);
+  for (const auto& [id, a] : txs_) {
+    if (a == commit) {  // in flight: OnOutcome sends the proof
+      pending_proofs_.emplace(action, std::move(proof));
+      return false;
+    }
+  }
   if (Sent(commit)) return Send(action, std::move(proof));  // in a block, or before a restart
   if (Done(commit)) {
     node_->Log(std::string(ledger::TxTypeName(ledger::PayloadType(proof))) +
