@@ -187,6 +187,17 @@ bool RecordProvenFraud(const json& verification, uint32_t index, json* out) {
 json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
                     const node::AuditUnit& u, ledger::ProveFraudTx tx, json out) {
   const Hash256 task_id = tx.task_id;
+  // Commit, then prove (docs/verification.md): the bounty is the earliest committer's and the
+  // proof goes after its commitment's block, so a copier of the public proof cannot take it.
+  json commit;
+  const ledger::CommitProofTx c{
+      .commitment = ledger::ProofCommitment(ledger::ProofWitnessId(tx), key.public_key()),
+      .prover = key.public_key()};
+  if (!SendAndWait(rpc, key, chain_id, c, "CommitProof", "proof's commitment", &commit)) {
+    out["error"] = commit.value("error", std::string("the commitment was not sent"));
+    return out;
+  }
+  out["commit_tx"] = commit["tx"];
   if (!SendAndWait(rpc, key, chain_id, std::move(tx), "ProveFraud", "proof", &out)) return out;
   Result<json> t = GetTask(rpc, task_id, false);
   if (t.ok()) (void)RecordProvenFraud(t->value("verification", json::object()), u.index, &out);

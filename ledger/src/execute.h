@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string_view>
 
 #include "ledger_state.h"
@@ -228,6 +229,18 @@ uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t ind
 // silent party loses, DisputeGame::OnBlock) and their settlement; a game whose unit was taken
 // back meanwhile (a rewind, a ProveFraud) closes with the bond returned.
 Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& task_id);
+
+// Commit, then prove (proof_commits.cc; CommitProofTx). The bounty of a proof whose witness id
+// is `witness_id`, executed in the block at `height`: the prover of the earliest commitment to
+// it made at least one block before (ties: `sender`, the proof's own prover, if among them, else
+// the first in key order); for a ProveResult or ProveMerits (`nodes_only`) only a registered
+// node's counts, the bounty being a node's. nullopt when none: the proof still rules, the bounty
+// stays in the jackpot. Drops every kept commitment to that witness (the proof is spent).
+std::optional<PublicKey> TakeProofCommitter(LedgerState& s, const Hash256& witness_id,
+                                            const PublicKey& sender, uint64_t height,
+                                            bool nodes_only);
+// The end-of-block step: drops the commitments no proof after `height` can count any more.
+void ExpireProofCommits(LedgerState& s, uint64_t height);
 
 // Helpers for executors.
 Result<NodeRecord*> OwnedNode(LedgerState& s, const PublicKey& node_id, const PublicKey& owner);

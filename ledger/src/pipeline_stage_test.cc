@@ -1712,6 +1712,19 @@ class PipelineFraudProofTest : public PipelineRulingTest {
         ProveFraudTx{.task_id = task_id_, .index = index, .segment = step, .witness = {witness}});
   }
 
+  // The referee account's commitment to the proof of `w` (CommitProof): the bounty is the
+  // earliest committer's, so a prover commits a block before it proves.
+  Transaction CommitToProve(const StageStepWitness& w, uint32_t index = kCheat,
+                            uint32_t step = kLieStep) {
+    const ProveFraudTx proof{.task_id = task_id_,
+                             .index = index,
+                             .segment = step,
+                             .witness = {EncodeStageStepWitness(w)}};
+    return Q(referee_, CommitProofTx{.commitment = ProofCommitment(ProofWitnessId(proof),
+                                                                   referee_.public_key()),
+                                     .prover = referee_.public_key()});
+  }
+
   TestStageEvidence lie_;
   std::vector<std::vector<Hash256>> leaves_;
   StageStepWitness good_;
@@ -1782,6 +1795,7 @@ TEST_F(PipelineFraudProofTest, ALazyStagesStepIsProvenAfterTheFactAndReopensTheT
   EXPECT_EQ(Node(cheater).reputation.slashes, 0u);
 
   const Amount prover_before = Balance(referee_);
+  StepOk({CommitToProve(good_)});
   ASSERT_LE(chain_->Height() + 1, AuditWindowEnd(before, genesis_.params.audit_window_blocks));
   const std::vector<Receipt> r = Step({Prove(good_)});
   ASSERT_TRUE(r[0].ok) << r[0].reason;

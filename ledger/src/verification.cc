@@ -28,6 +28,9 @@
 //                  its pay for the unit clawed back, the prover's bounty, the round marked;
 //                  while the task is open or within its audit window after it finished, the
 //                  task is reopened and rewound as taint does (ApplyRerun)
+//   CommitProof    (proof_commits.cc) a prover's commitment to the witness of a ProveFraud,
+//                  ProveResult or ProveMerits it will send: each pays its bounty to the earliest
+//                  committer to its witness (TakeProofCommitter), not to whoever sent it first
 //   LateChallenge  after the fact, for a unit whose segment witness does not fit a ProveFraud:
 //                  opens a DisputeGame on the unit of a final round (WorkUnit::late), the solver
 //                  against the sender, whose moves are DisputePost / DisputeChildren and whose
@@ -1127,7 +1130,7 @@ Status CreditJackpot(LedgerState& s, Amount amount) {
 
 Status ApplyProvenFraud(LedgerState& s, const ChainParams& p, uint64_t height,
                         const Hash256& task_id, uint32_t index, uint32_t segment,
-                        const PublicKey& prover, bool bounty);
+                        const PublicKey& prover, const std::optional<PublicKey>& payee);
 
 // Closes the late game on unit `index` (its record and the task's entry) and returns what it held.
 LateGame CloseLateGame(LedgerState& s, const Hash256& task_id, uint32_t index) {
@@ -1154,8 +1157,11 @@ Status SettleLateGame(LedgerState& s, const ChainParams& p, uint64_t height,
   ML_LOG_INFO("ledger: task {} unit {}: late game of {} on segment {} ended: {}",
               task_id.ShortHex(), index, late.challenger.ShortHex(), late.segment, o.reason);
   if (!o.undecided && !o.defender_honest) {
-    ML_RETURN_IF_ERROR(ApplyProvenFraud(s, p, height, task_id, index, late.segment,
-                                        late.challenger, o.challenger_honest));
+    // The game's challenger played it under its bond: the bounty is its (no copier can take a
+    // game's win), unless it lied too.
+    ML_RETURN_IF_ERROR(ApplyProvenFraud(
+        s, p, height, task_id, index, late.segment, late.challenger,
+        o.challenger_honest ? std::optional<PublicKey>(late.challenger) : std::nullopt));
     return o.challenger_honest ? Credit(s, late.challenger, late.bond)
                                : CreditJackpot(s, late.bond);
   }
@@ -1443,7 +1449,10 @@ Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
   }
   // The window, the segment and the prover first (cheap; the check is saved only if shown).
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
-  Result<CheckEffects> fx = c.OnMeritsShown(tx.node_id, tx.segment, ctx.height);
+  // The bounty: the earliest node that committed to this witness (TakeProofCommitter).
+  const std::optional<PublicKey> payee = TakeProofCommitter(
+      ctx.state, ProofWitnessId(tx), tx.node_id, ctx.height, /*nodes_only=*/true);
+  Result<CheckEffects> fx = c.OnMeritsShown(tx.node_id, tx.segment, ctx.height, payee);
   if (!fx.ok()) return fx.status().WithPrefix("prove merits");
   Result<SegmentWitness> w = DecodeSegmentWitness(tx.witness.bytes);
   if (!w.ok()) return w.status().WithPrefix("prove merits");
@@ -1871,7 +1880,10 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
                               " is the delta of its committed final state; nothing to prove");
   }
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
-  ML_ASSIGN_OR_RETURN(CheckEffects fx, c.OnResultDisproved(tx.node_id, ctx.height));
+  // The bounty: the earliest node that committed to this witness (TakeProofCommitter).
+  const std::optional<PublicKey> payee = TakeProofCommitter(
+      ctx.state, ProofWitnessId(tx), tx.node_id, ctx.height, /*nodes_only=*/true);
+  ML_ASSIGN_OR_RETURN(CheckEffects fx, c.OnResultDisproved(tx.node_id, ctx.height, payee));
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
   Rerun rerun;
   ML_RETURN_IF_ERROR(ApplyEffects(ctx.state, ctx.params(), tx.task_id, tx.index, c, fx, &rerun));
@@ -1946,12 +1958,13 @@ Status SolverAnswerable(const LedgerState& s, const TaskRecord& t, const WorkUni
 }
 
 // What a unit proven fraudulent after its round was final costs its solver (ProveFraud, and a late
-// dispute ruled for its challenger): see ProveFraudTx. `prover` gets the bounty when `bounty`
-// (not when a late game's challenger lied too). REQUIRES: the unit is paid, of a final round, and
+// dispute ruled for its challenger): see ProveFraudTx. `prover` sent the proof; `payee` gets the
+// bounty (a ProveFraud's earliest committer, TakeProofCommitter; a late game's challenger unless
+// it lied too); none: it stays in the jackpot. REQUIRES: the unit is paid, of a final round, and
 // not proven already.
 Status ApplyProvenFraud(LedgerState& s, const ChainParams& p, uint64_t height,
                         const Hash256& task_id, uint32_t index, uint32_t segment,
-                        const PublicKey& prover, bool bounty) {
+                        const PublicKey& prover, const std::optional<PublicKey>& payee) {
   const TaskRecord* t = s.tasks.Find(task_id);
   const WorkUnit* u = s.units.Find({task_id, index});
   const PublicKey solver = u->assignee;
@@ -2008,16 +2021,17 @@ Status ApplyProvenFraud(LedgerState& s, const ChainParams& p, uint64_t height,
   // A whistleblower's reward (at most one slash, never more than the pool holds), capped by what
   // this slash took; nothing to the solver, its owner or the owner's other nodes
   // (LinkedToCheater): proving one's own fraud gets none of the slash back.
-  f.bounty = bounty && !LinkedToCheater(s, solver, prover) ? std::min(f.slashed, s.g().jackpot) : 0;
-  if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(s, prover, f.bounty));
+  f.bounty = payee && !LinkedToCheater(s, solver, *payee) ? std::min(f.slashed, s.g().jackpot) : 0;
+  if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(s, *payee, f.bounty));
   TaskRecord* mt = s.tasks.FindMutable(task_id);
   mt->verification.slashed += f.slashed;
   mt->verification.redo_escrow += to_escrow;
   mt->verification.proven_frauds.push_back(f);
   ML_LOG_INFO(
       "ledger: task {} unit {} (round {}): fraud proven after the fact in segment {}: "
-      "slashed {}, clawed back {}, bounty {}{}",
+      "slashed {}, clawed back {}, bounty {} to {}{}",
       task_id.ShortHex(), index, f.round, segment, f.slashed, f.clawed_back, f.bounty,
+      payee ? payee->ShortHex() : std::string("nobody (no commitment: it stays in the jackpot)"),
       f.rewound ? (reopen ? ", task reopened" : "") + std::string(", rewound to round ") +
                       std::to_string(f.rewound_to)
                 : std::string(", after the audit window: the model stays"));
@@ -2109,8 +2123,11 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                               " replays to its committed " + (stage ? "leaf " : "end ") +
                               committed.ShortHex() + "; nothing to prove");
   }
+  // The bounty: the earliest committer to this witness, not whoever sent it first.
+  const std::optional<PublicKey> payee = TakeProofCommitter(
+      ctx.state, ProofWitnessId(tx), ctx.tx.sender, ctx.height, /*nodes_only=*/false);
   return ApplyProvenFraud(ctx.state, ctx.params(), ctx.height, tx.task_id, tx.index, tx.segment,
-                          ctx.tx.sender, /*bounty=*/true);
+                          ctx.tx.sender, payee);
 }
 
 Status ExecuteLateChallenge(ExecContext& ctx, const LateChallengeTx& tx) {
