@@ -98,10 +98,11 @@ TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
 TEST(Cli, NodeRunRefusesADiskLimitAboveItsDataDirsFreeSpace) {
   const std::string home = TempHome();
   const std::string dir = meshlearn::process_test::TempDir("cli-node-disk");
+  const uint16_t port = meshlearn::process_test::FreePort();
   auto write_config = [&](const std::string& extra) {
     std::ofstream(dir + "/node.toml") << "data_dir = \"data\"\n"
                                       << "rpc = \"http://127.0.0.1:1\"\n"
-                                      << "listen = \"127.0.0.1:0\"\n"
+                                      << "listen = \"127.0.0.1:" << port << "\"\n"
                                       << "endpoint = \"127.0.0.1:7801\"\n"
                                       << extra << "[capabilities]\n"
                                       << "throughput = 1000000000\n";

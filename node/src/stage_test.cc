@@ -59,6 +59,7 @@
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/stage_placement.h"
 #include "meshlearn/protocol/stage_state_claim.h"
 #include "meshlearn/protocol/stage_transfer.h"
 #include "testing/diloco_task.h"
