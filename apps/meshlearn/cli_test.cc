@@ -91,6 +91,46 @@ TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
   }
 }
 
+// `node run` declares the disk it offers to pipeline stage files (the ledger places stages by
+// it): a limit above the free space of its data dir, from --disk-limit or node.toml's
+// disk_limit_bytes, is refused at start, naming where it came from and the fix, before the node
+// registers or benchmarks anything (the ledger here is not even running).
+TEST(Cli, NodeRunRefusesADiskLimitAboveItsDataDirsFreeSpace) {
+  const std::string home = TempHome();
+  const std::string dir = meshlearn::process_test::TempDir("cli-node-disk");
+  const uint16_t port = meshlearn::process_test::FreePort();
+  auto write_config = [&](const std::string& extra) {
+    std::ofstream(dir + "/node.toml") << "data_dir = \"data\"\n"
+                                      << "rpc = \"http://127.0.0.1:1\"\n"
+                                      << "listen = \"127.0.0.1:" << port << "\"\n"
+                                      << "endpoint = \"127.0.0.1:7801\"\n"
+                                      << extra << "[capabilities]\n"
+                                      << "throughput = 1000000000\n";
+  };
+  auto run = [&](const std::string& args, int seconds = 60) {
+    return Shell("MESHLEARN_HOME=" + home + " timeout " + std::to_string(seconds) + " " +
+                 MESHLEARN_BIN + " node run --config " + dir + "/node.toml " + args + " 2>&1");
+  };
+  const std::string huge = "4000000000000000000";  // 4 EB: more than any disk has free
+  write_config("");
+  CmdResult flag = run("--disk-limit " + huge);
+  EXPECT_EQ(flag.code, 1) << flag.out;
+  EXPECT_NE(flag.out.find("--disk-limit = " + huge + " bytes is more disk than the data dir"),
+            std::string::npos)
+      << flag.out;
+  EXPECT_NE(flag.out.find("Lower --disk-limit to at most"), std::string::npos) << flag.out;
+  write_config("disk_limit_bytes = " + huge + "\n");
+  CmdResult key = run("");
+  EXPECT_EQ(key.code, 1) << key.out;
+  EXPECT_NE(key.out.find("disk_limit_bytes (" + dir + "/node.toml) = " + huge), std::string::npos)
+      << key.out;
+  // The flag replaces the key: a limit the disk holds passes the check (the node then goes on to
+  // its ledger, which is not there, until `timeout` stops it).
+  CmdResult fits = run("--disk-limit 1048576", 5);
+  EXPECT_EQ(fits.out.find("more disk than the data dir"), std::string::npos) << fits.out;
+  EXPECT_NE(fits.out.find("disk for stage files: 1 MiB"), std::string::npos) << fits.out;
+}
+
 TEST(Cli, VersionJson) {
   CmdResult r = Meshlearn("--json version", TempHome());
   ASSERT_EQ(r.code, 0) << r.out;

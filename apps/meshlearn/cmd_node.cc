@@ -37,6 +37,8 @@ struct NodeArgs {
   std::string config = "node.toml";
   double seconds = 2.0;
   bool rejoin = false;
+  // --disk-limit: replaces node.toml's disk_limit_bytes when given (UINT64_MAX: not given).
+  uint64_t disk_limit = UINT64_MAX;
 };
 
 // node.toml, validated (see the footer of `meshlearn node --help` and docs/operators.md).
@@ -54,6 +56,7 @@ struct NodeConfig {
   double speed_factor = 1.0;
   uint32_t max_units = 0;
   uint64_t memory_limit_bytes = 0;
+  uint64_t disk_limit_bytes = 0;  // 0: nine tenths of the data dir's free space (OfferedDiskBytes)
   uint64_t release_after_blocks = 100;
   bool keep_final_states = false;
   node::Adversary adversary = node::Adversary::kNone;  // testing only
@@ -78,7 +81,7 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   ML_RETURN_IF_ERROR(c.CheckKnownKeys({"data_dir", "rpc", "listen", "endpoint", "roles", "price",
                                        "stake", "heartbeat_blocks", "blob_quota_bytes",
                                        "speed_factor", "max_units", "memory_limit_bytes",
-                                       "release_after_blocks", "keep_final_states",
+                                       "disk_limit_bytes", "release_after_blocks", "keep_final_states",
                                        "adversary", "crash_in_unit", "whistleblower_sample",
                                        "verification_poll_ms", "capabilities"}));
   NodeConfig n;
@@ -122,6 +125,7 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   n.blob_quota_bytes = static_cast<uint64_t>(quota);
   n.max_units = static_cast<uint32_t>(max_units);
   ML_ASSIGN_OR_RETURN(int64_t mem_limit, c.GetInt("memory_limit_bytes", 0, {.min = 0}));
+  ML_ASSIGN_OR_RETURN(int64_t disk_limit, c.GetInt("disk_limit_bytes", 0, {.min = 0}));
   ML_ASSIGN_OR_RETURN(int64_t release, c.GetInt("release_after_blocks", 100, {.min = 0}));
   ML_ASSIGN_OR_RETURN(n.keep_final_states, c.GetBool("keep_final_states", false));
   {
@@ -140,6 +144,7 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   ML_ASSIGN_OR_RETURN(n.verification_poll_ms,
                       c.GetInt("verification_poll_ms", 1000, {.min = 0, .max = 3'600'000}));
   n.memory_limit_bytes = static_cast<uint64_t>(mem_limit);
+  n.disk_limit_bytes = static_cast<uint64_t>(disk_limit);
   n.release_after_blocks = static_cast<uint64_t>(release);
   if (c.Has("capabilities")) {
     ML_ASSIGN_OR_RETURN(ConfigFile caps, c.GetTable("capabilities"));
@@ -340,6 +345,18 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   ML_ASSIGN_OR_RETURN(KeyPair key, LoadOrCreateNodeKey(c, &created));
   ML_LOG_INFO("node {} ({}), data dir {}", key.public_key().ToHex(), created ? "new key" : "key loaded",
               c.data_dir);
+  // The disk it offers to stage files, checked against what the data dir has free before
+  // anything else runs (the data dir exists: the key is in it).
+  const bool disk_flag = a.disk_limit != UINT64_MAX;
+  ML_ASSIGN_OR_RETURN(const uint64_t free_disk, node::FreeDiskBytes(c.data_dir));
+  ML_ASSIGN_OR_RETURN(
+      const uint64_t disk,
+      node::OfferedDiskBytes(disk_flag ? a.disk_limit : c.disk_limit_bytes, free_disk, c.data_dir,
+                             disk_flag ? "--disk-limit" : "disk_limit_bytes (" + c.path + ")"));
+  ML_LOG_INFO("disk for stage files: {} MiB of the {} MiB free in {} ({})", disk >> 20,
+              free_disk >> 20, c.data_dir,
+              disk_flag ? "--disk-limit"
+                        : (c.disk_limit_bytes != 0 ? "disk_limit_bytes" : "nine tenths of it"));
   ledger::NodeCapabilities caps = c.capabilities;
   if (!c.have_capabilities) {
     ML_LOG_INFO("no [capabilities] in {}: running the standard benchmark (`meshlearn node bench`)", c.path);
@@ -359,6 +376,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
     if (caps.memory_bytes == 0) caps.memory_bytes = node::PhysicalMemoryBytes();
     if (caps.cores == 0) caps.cores = node::OnlineCores();
   }
+  caps.disk_bytes = disk;
   Env* env = Env::Default();
   ML_ASSIGN_OR_RETURN(std::unique_ptr<net::BlobStore> store,
                       net::BlobStore::Open(env, HomeLayout(c.data_dir).BlobsDir(),
@@ -545,6 +563,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  release_after_blocks = 100        # unpin a closed task's blobs this many blocks later\n"
       "  keep_final_states = false         # ... but keep final models this node holds\n"
       "  memory_limit_bytes = 0            # memory really available to a unit (0: capabilities)\n"
+      "  disk_limit_bytes = 0              # disk for pipeline stage files (0: 9/10 of the free)\n"
       "  speed_factor = 1.0                # < 1: a deliberately slow node (tests, demos)\n"
       "  whistleblower_sample = 0.2        # whistleblower: share of settled units re-checked\n"
       "  verification_poll_ms = 1000       # while training: look for due replays this often\n"
@@ -571,11 +590,17 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
   run->add_option("--config", a.config, "node.toml")->capture_default_str();
   run->add_flag("--rejoin", a.rejoin,
                 "If the node left the network (node leave), register it again (bonds `stake` anew)");
+  run->add_option("--disk-limit", a.disk_limit,
+                  "Bytes of disk offered to pipeline stage files (replaces node.toml's "
+                  "disk_limit_bytes; at most the data dir's free space; 0: nine tenths of it)");
   run->footer(
       "Examples:\n  meshlearn node run --config node.toml\n"
       "It registers the node if needed, heartbeats, trains the units assigned to it (with a\n"
       "checkpoint every k steps: killed, it resumes there), aggregates rounds it is assigned and\n"
       "serves blobs to other nodes. SIGTERM/SIGINT stop it cleanly.\n"
+      "It declares the disk it offers to pipeline stage files (--disk-limit, disk_limit_bytes;\n"
+      "default nine tenths of the data dir's free space): a limit above the free space is an\n"
+      "error, and the ledger places a stage only where the disk holds its files.\n"
       "A node that left (node leave) exits with an error unless started with --rejoin.");
   run->callback([&g] { g.Exit(RunDaemon(g, a)); });
 

@@ -33,6 +33,7 @@
 #include "meshlearn/node/unit_executor.h"
 #include "meshlearn/protocol/decompose.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/stage_placement.h"
 #include "meshlearn/protocol/task_model.h"
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
@@ -1055,6 +1056,7 @@ Status RunQuote(GlobalOptions& g, const TaskArgs& a) {
       protocol::NodeView v;
       const json caps = n.value("capabilities", json::object());
       v.memory_bytes = caps.value("memory_bytes", uint64_t{0});
+      v.disk_bytes = caps.value("disk_bytes", uint64_t{0});
       v.throughput_flops = caps.value("throughput", uint64_t{0});
       v.latency_ms = caps.value("latency_ms", 0u);
       v.bandwidth_bytes_per_s = caps.value("bandwidth_bytes_per_s", uint64_t{0});
@@ -1062,12 +1064,16 @@ Status RunQuote(GlobalOptions& g, const TaskArgs& a) {
       if (v.throughput_flops == 0 || v.bandwidth_bytes_per_s == 0) continue;
       if (v.price_per_gflop > t.net.price_cap) continue;
       // The least a node must hold to take a unit: a whole unit's need, or the lightest stage's
-      // (the ledger's PlaceStages floor).
+      // (the ledger's PlaceStages floor, against what the node holds of a stage: its declared
+      // disk counted, StageHoldBytes).
       const uint64_t need = t.params.stages > 1
                                 ? *std::min_element(t.params.stage_memory_bytes.begin(),
                                                     t.params.stage_memory_bytes.end())
                                 : protocol::RequiredMemoryBytes(t.view);
-      if (v.memory_bytes < need) continue;
+      const uint64_t holds = t.params.stages > 1
+                                 ? protocol::StageHoldBytes(v, t.params.inner_steps)
+                                 : v.memory_bytes;
+      if (holds < need) continue;
       QuoteNode q{.price = v.price_per_gflop, .unit_ms = protocol::EstimatedUnitMs(v, t.view, sp)};
       const json rep = n.value("reputation", json::object());
       q.rep.completed = rep.value("units_completed", uint64_t{0});

@@ -132,6 +132,7 @@ std::vector<protocol::NodeView> NodeViews(const LedgerState& s, uint32_t role,
     protocol::NodeView v;
     v.id = id;
     v.memory_bytes = n.capabilities.memory_bytes;
+    v.disk_bytes = n.capabilities.disk_bytes;
     v.throughput_flops = n.capabilities.throughput;
     v.latency_ms = n.capabilities.latency_ms;
     v.bandwidth_bytes_per_s = n.capabilities.bandwidth_bytes_per_s;

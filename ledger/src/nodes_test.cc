@@ -218,6 +218,57 @@ TEST_F(NodesTest, ANodeRecordWithAnEmptyLinksTailIsRefused) {
   EXPECT_EQ(back2, n);
 }
 
+// The disk a node declares (capabilities.disk_bytes, which stage placement reads) goes in the
+// record's optional tail, after the links (their count then written even if 0): a record that
+// declares none encodes exactly as before the field (databases written then still load, state
+// hashes of chains without it are unchanged), and a tail that writes 0 is a second encoding.
+TEST_F(NodesTest, ADeclaredDiskIsTheRecordsTailAndARecordWithoutOneEncodesAsBefore) {
+  RegisterNodeTx reg = Reg(node1_);
+  reg.capabilities.disk_bytes = 7ull << 30;
+  ASSERT_TRUE(Run(Tx(alice_, reg)).ok);
+  NodeRecord n = *chain_->GetNode(node1_.public_key());
+  EXPECT_EQ(n.capabilities.disk_bytes, 7ull << 30);
+  EXPECT_EQ(NodeToJson(n)["capabilities"]["disk_bytes"], 7ull << 30);
+  NodeRecord none = n;
+  none.capabilities.disk_bytes = 0;
+  Encoder tail;
+  tail.PutU32(0).PutU64(7ull << 30);  // no links, then the disk
+  // The declared record is the undeclared one and the tail: the disk is nowhere else.
+  Bytes want = EncodedNode(none);
+  const Bytes tail_bytes = tail.Take();
+  want.insert(want.end(), tail_bytes.begin(), tail_bytes.end());
+  EXPECT_EQ(EncodedNode(n), want);
+  // With links the tail holds them, then the disk; both round-trip.
+  n.links = {Link(node2_, 3, 10)};
+  for (const NodeRecord& r : {n, none}) {
+    Bytes bytes = EncodedNode(r);
+    Decoder d(bytes);
+    NodeRecord back;
+    ASSERT_TRUE(DecodeNode(d, &back).ok());
+    EXPECT_EQ(back, r);
+  }
+  // A tail that writes a disk of 0 is refused.
+  Encoder zero;
+  EncodeNode(zero, none);
+  zero.PutU32(0).PutU64(0);
+  Bytes zero_bytes = zero.Take();
+  Decoder dz(zero_bytes);
+  NodeRecord back;
+  Status s = DecodeNode(dz, &back);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(s.message().find("disk_bytes"), std::string::npos) << s.ToString();
+  // UpdateNode declares another disk; the record keeps it across a reopen.
+  UpdateNodeTx update{.node_id = node1_.public_key(),
+                      .endpoint = reg.endpoint,
+                      .roles = reg.roles,
+                      .capabilities = reg.capabilities,
+                      .price = reg.price};
+  update.capabilities.disk_bytes = 3ull << 30;
+  ASSERT_TRUE(Run(Tx(alice_, update)).ok);
+  Reopen();
+  EXPECT_EQ(chain_->GetNode(node1_.public_key())->capabilities.disk_bytes, 3ull << 30);
+}
+
 TEST_F(NodesTest, ReportLinksRefusesEachBadInputNamingIt) {
   KeyPair stranger = TestKey(53);
   ASSERT_TRUE(Run(Tx(alice_, Reg(node1_))).ok);

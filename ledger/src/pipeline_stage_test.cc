@@ -144,6 +144,7 @@ class PipelineStageTest : public FollowedChainFixture {
       NodeRecord n = chain_->GetNode(k.public_key()).value();
       views.push_back({.id = n.id,
                        .memory_bytes = n.capabilities.memory_bytes,
+                       .disk_bytes = n.capabilities.disk_bytes,
                        .throughput_flops = n.capabilities.throughput,
                        .latency_ms = n.capabilities.latency_ms,
                        .bandwidth_bytes_per_s = n.capabilities.bandwidth_bytes_per_s,
@@ -633,6 +634,38 @@ TEST_F(PipelineStageTest, StagesArePlacedCommittedAggregatedAndReplaced) {
   EXPECT_EQ(t.final_state, Blake2b("state 2"));
   EXPECT_EQ(t.spent, 2 * round_cost) << "a replica that re-ran is paid once";
   EXPECT_EQ(t.budget, t.escrow + t.spent + t.refunded);
+}
+
+// A node's declared disk (capabilities.disk_bytes) must hold a stage's files, StageDiskBytes =
+// H x its memory need, or it does not get that stage. One replica: by memory and speed alone
+// the chain is n1 -> n3 -> n2 (stage 0 takes the fastest node that holds it and leaves a node
+// for stage 2's 5 GiB). n2 declares disk for H x 4 GiB only: it cannot hold stage 2's files, so
+// stage 2 goes to n1, which declares exactly what stage 2 needs, and n2 takes stage 0 (3 GiB,
+// whose files its disk holds). A node that declares none (0: from before the field) is not
+// checked.
+TEST_F(PipelineStageTest, AStageGoesOnlyToANodeWhoseDeclaredDiskHoldsItsFiles) {
+  TaskParams p = PipelineParams();
+  p.units_per_round = kStages;  // one replica
+  const uint64_t stage2_disk = protocol::StageDiskBytes(p.stage_memory_bytes[2], p.inner_steps);
+  ASSERT_EQ(stage2_disk, 5 * kGiB * p.inner_steps);
+  std::vector<Transaction> regs;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    RegisterNodeTx reg = Reg(i);
+    if (i == 0) reg.capabilities.disk_bytes = stage2_disk;               // just enough
+    if (i == 1) reg.capabilities.disk_bytes = 4 * kGiB * p.inner_steps;  // too little
+    regs.push_back(Q(alice_, reg));
+  }
+  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  EXPECT_EQ(chain_->GetNode(nodes_[0].public_key())->capabilities.disk_bytes, stage2_disk);
+  EXPECT_EQ(chain_->GetNode(nodes_[2].public_key())->capabilities.disk_bytes, 0u);
+  ASSERT_TRUE(Submit(p).ok);
+  EXPECT_EQ(Unit(0, 0, 0).assignee, nodes_[1].public_key());
+  EXPECT_EQ(Unit(0, 0, 1).assignee, nodes_[2].public_key());
+  EXPECT_EQ(Unit(0, 0, 2).assignee, nodes_[0].public_key());
+  // The declared disk survives the database (the record's tail).
+  Reopen();
+  EXPECT_EQ(chain_->GetNode(nodes_[1].public_key())->capabilities.disk_bytes,
+            4 * kGiB * p.inner_steps);
 }
 
 TEST_F(PipelineStageTest, NoPlacementLeavesTheRoundPendingAndCommitStageNeedsStages) {

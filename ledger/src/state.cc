@@ -189,7 +189,7 @@ static Status GetEnum(Decoder& d, E* out, uint8_t max, std::string_view field) {
 
 void EncodeNode(Encoder& e, const NodeRecord& n) {
   e.PutPublicKey(n.id).PutPublicKey(n.owner).PutString(n.endpoint).PutU32(n.roles);
-  NodeCapabilities::Visit(n.capabilities, internal::FieldEncoder{e});
+  NodeCapabilities::VisitMeasured(n.capabilities, internal::FieldEncoder{e});
   e.PutU64(n.price).PutU64(n.stake).PutU8(static_cast<uint8_t>(n.status));
   const Reputation& r = n.reputation;
   e.PutU64(r.units_completed).PutU64(r.units_verified_clean).PutU64(r.clean_streak);
@@ -197,10 +197,13 @@ void EncodeNode(Encoder& e, const NodeRecord& n) {
   e.PutU64(n.last_heartbeat_height);
   e.PutHash(n.secret_anchor).PutU64(n.secret_anchor_index).PutU64(n.secrets_committed);
   NodeEarnings::Visit(n.earnings, internal::FieldEncoder{e});
-  // Written only once the node reported links (ReportLinksTx): a node that never did encodes as
-  // before links existed, so databases written then still load and the state hash of a chain
-  // without reports is unchanged.
-  if (!n.links.empty()) internal::FieldEncoder{e}("links", n.links);
+  // Written only once the node reported links (ReportLinksTx) or declared its disk: a node that
+  // did neither encodes as before either existed, so databases written then still load and the
+  // state hash of a chain without them is unchanged. The links come first (their count then
+  // written even if 0), the disk after them, only when declared.
+  const uint64_t disk = n.capabilities.disk_bytes;
+  if (!n.links.empty() || disk != 0) internal::FieldEncoder{e}("links", n.links);
+  if (disk != 0) e.PutU64(disk);
 }
 
 Status DecodeNode(Decoder& d, NodeRecord* n) {
@@ -209,7 +212,7 @@ Status DecodeNode(Decoder& d, NodeRecord* n) {
   ML_RETURN_IF_ERROR(d.GetString(&n->endpoint, "endpoint", kMaxStringFieldLength));
   ML_RETURN_IF_ERROR(d.GetU32(&n->roles, "roles"));
   internal::FieldDecoder fd{d, Status::Ok()};
-  NodeCapabilities::Visit(n->capabilities, fd);
+  NodeCapabilities::VisitMeasured(n->capabilities, fd);
   ML_RETURN_IF_ERROR(fd.status);
   ML_RETURN_IF_ERROR(d.GetU64(&n->price, "price"));
   ML_RETURN_IF_ERROR(d.GetU64(&n->stake, "stake"));
@@ -228,13 +231,21 @@ Status DecodeNode(Decoder& d, NodeRecord* n) {
   internal::FieldDecoder ed{d, Status::Ok()};
   NodeEarnings::Visit(n->earnings, ed);
   ML_RETURN_IF_ERROR(ed.status);
-  // The record's optional tail (EncodeNode): present exactly when the node has links, so each
-  // record still has one encoding. A node record is the last thing its decoder holds.
+  // The record's optional tail (EncodeNode): the links, present exactly when the node has links
+  // or a declared disk, then the disk, present exactly when declared, so each record still has
+  // one encoding. A node record is the last thing its decoder holds.
   if (d.remaining() > 0) {
     internal::FieldDecoder ld{d, Status::Ok()};
     ld("links", n->links);
     ML_RETURN_IF_ERROR(ld.status);
-    if (n->links.empty()) return DataLoss("node: links are written only when there are some");
+    if (d.remaining() > 0) {
+      ML_RETURN_IF_ERROR(d.GetU64(&n->capabilities.disk_bytes, "capabilities.disk_bytes"));
+      if (n->capabilities.disk_bytes == 0) {
+        return DataLoss("node: capabilities.disk_bytes is written only when declared (not 0)");
+      }
+    } else if (n->links.empty()) {
+      return DataLoss("node: links are written only when there are some or a disk follows");
+    }
   }
   return Status::Ok();
 }

@@ -170,7 +170,7 @@ Status NodeAgent::EnsureRegistered(uint64_t height) {
                       me->roles == options_.roles && c.throughput == caps.throughput &&
                       c.memory_bytes == caps.memory_bytes && c.latency_ms == caps.latency_ms &&
                       c.bandwidth_bytes_per_s == caps.bandwidth_bytes_per_s &&
-                      c.cores == caps.cores;
+                      c.cores == caps.cores && c.disk_bytes == caps.disk_bytes;
     if (!same && me->status == "active") {
       Log("updating node " + id().ShortHex() + ": endpoint " + options_.endpoint);
       ML_RETURN_IF_ERROR(tx_->Send(ledger::UpdateNodeTx{.node_id = id(),

@@ -1,8 +1,12 @@
 #include "meshlearn/node/bench.h"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "meshlearn/base/rng.h"
@@ -57,6 +61,29 @@ uint64_t PhysicalMemoryBytes() {
 uint32_t OnlineCores() {
   unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : n;
+}
+
+Result<uint64_t> FreeDiskBytes(const std::string& path) {
+  struct statvfs fs;
+  if (::statvfs(path.c_str(), &fs) != 0) {
+    const int err = errno;
+    return Unavailable("cannot measure the free disk of " + path + ": " + std::strerror(err));
+  }
+  return static_cast<uint64_t>(fs.f_bavail) * static_cast<uint64_t>(fs.f_frsize);
+}
+
+Result<uint64_t> OfferedDiskBytes(uint64_t limit, uint64_t free_bytes, const std::string& data_dir,
+                                  const std::string& what) {
+  if (limit == 0) return std::max<uint64_t>(free_bytes - free_bytes / 10, 1);
+  if (limit > free_bytes) {
+    return FailedPrecondition(
+        what + " = " + std::to_string(limit) + " bytes is more disk than the data dir " +
+        data_dir + " has free (" + std::to_string(free_bytes) +
+        " bytes): the ledger would place pipeline stages whose files cannot be written. Lower " +
+        what + " to at most " + std::to_string(free_bytes) +
+        " (0: nine tenths of the free space), or free space on that disk");
+  }
+  return limit;
 }
 
 ledger::NodeCapabilities BenchResult::ToCapabilities() const {

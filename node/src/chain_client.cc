@@ -162,6 +162,7 @@ Result<NodeInfo> ParseNode(const RpcAnswer& j) {
     ML_ASSIGN_OR_RETURN(caps.throughput, c.U64("throughput", 0));
     ML_ASSIGN_OR_RETURN(caps.latency_ms, c.U32("latency_ms", 0));
     ML_ASSIGN_OR_RETURN(caps.bandwidth_bytes_per_s, c.U64("bandwidth_bytes_per_s", 0));
+    ML_ASSIGN_OR_RETURN(caps.disk_bytes, c.U64("disk_bytes", 0));
   }
   if (j.Has("secret_anchor")) {
     ML_ASSIGN_OR_RETURN(n.secret_anchor, j.Hash("secret_anchor"));

@@ -964,12 +964,14 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 // moved); to seed 3 when they gained the stages' boundary bytes (the 50-seed sweep: seed 3 reads
 // leaver_aggregated=1); to seed 80 when RevealSecret gained forced_commits (a forced stage's
 // commits, 2026-12-05: every RevealSecret's bytes, so every later beacon, moved; of seeds 1..300
-// seeds 80, 110, 206 and 226 read leaver_aggregated=1).
-TEST(ChaosTest, Seed80ANodeThatLeftStillServesTheAggregateItCommitted) {
-  ChaosResult r = RunChaos(80);
+// seeds 80, 110, 206 and 226 read leaver_aggregated=1); to seed 20 when RegisterNode and UpdateNode
+// gained capabilities.disk_bytes (2026-12-06: every registration's bytes, so every later beacon,
+// moved; of seeds 1..150 seeds 20 and 102 read leaver_aggregated=1).
+TEST(ChaosTest, Seed20ANodeThatLeftStillServesTheAggregateItCommitted) {
+  ChaosResult r = RunChaos(20);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_TRUE(r.scenario.leaver_aggregated)
-      << "seed 80 no longer has a leaver that committed an aggregate, so this test checks "
+      << "seed 20 no longer has a leaver that committed an aggregate, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_aggregated=1 (docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
@@ -1049,18 +1051,20 @@ TEST(ChaosTest, Seed124ACancelPaysNoUnverifiedWork) {
 // with one, as do seeds 100, 102 and 152 of 1..176; then to 236 when the task terms gained the
 // engine's memory need (params.memory_bytes, set by every task file's submit: every beacon moved
 // and seed 66's leaver left with none): its leaver leaves with two units in verification, and of
-// seeds 1..385 only 141 (a cancelled task), 227, 236, 278 and 375 leave with any.
-TEST(ChaosTest, Seed236ANodeThatLeftStillRevealsAndDefends) {
-  ChaosResult r = RunChaos(236);
+// seeds 1..385 only 141 (a cancelled task), 227, 236, 278 and 375 leave with any; then to 195
+// when RegisterNode and UpdateNode gained capabilities.disk_bytes (2026-12-06: every beacon
+// moved, seed 236's leaver left with none; of seeds 1..202 only 195's leaves with one).
+TEST(ChaosTest, Seed195ANodeThatLeftStillRevealsAndDefends) {
+  ChaosResult r = RunChaos(195);
   EXPECT_EQ(r.counts.leaves, 1u);
   EXPECT_GE(r.scenario.leaver_checks_open, 1u)
-      << "seed 236's leaver no longer leaves with a unit in verification, so this test checks "
+      << "seed 195's leaver no longer leaves with a unit in verification, so this test checks "
          "nothing: re-pin it to a seed whose sweep line reads leaver_checks_open=N with N > 0 "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }
 
-// Seed 9, then 55, 75, 23, 103, 220, 29, 36, 4, now 111 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
+// Seed 9, then 55, 75, 23, 103, 220, 29, 36, 4, 111, now 103 (docs/chaos.md "Found"): unit 4 of a new solver was selected for verification, its only
 // verifier's CommitVerdict came after the commit window closed, and the check settled "unchecked
 // (no verifier revealed a verdict)": the unit was paid and entered the model although nobody
 // replayed it. A cheater whose verifiers stay silent is paid the same way. Fixed: such a unit
@@ -1076,11 +1080,13 @@ TEST(ChaosTest, Seed236ANodeThatLeftStillRevealsAndDefends) {
 // every beacon moved, seed 29 settles none; seeds 36, 150, 282 and 320 of 1..385 do. Then to 4
 // when they gained the stages' boundary bytes, params.stage_boundary_bytes: seed 36 settles none;
 // seed 4 of 1..50 does. Then to 111 when RevealSecret gained forced_commits, 2026-12-05: every
-// beacon moved, seed 4 settles none; seeds 111, 137, 150, 239, 279 and 283 of 1..300 do.)
-TEST(ChaosTest, Seed111ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
-  ChaosResult r = RunChaos(111, /*strict_unchecked=*/true);
+// beacon moved, seed 4 settles none; seeds 111, 137, 150, 239, 279 and 283 of 1..300 do. Then
+// to 103 when RegisterNode and UpdateNode gained capabilities.disk_bytes, 2026-12-06: every
+// beacon moved, seed 111 settles none; seed 103 of 1..150 settles 4.)
+TEST(ChaosTest, Seed103ASelectedUnitIsNotPaidUncheckedWhenItsVerifiersAreSilent) {
+  ChaosResult r = RunChaos(103, /*strict_unchecked=*/true);
   EXPECT_GE(r.scenario.abandoned, 1u)
-      << "seed 111 no longer settles a check abandoned: re-pin the test to a seed that does "
+      << "seed 103 no longer settles a check abandoned: re-pin the test to a seed that does "
          "(docs/chaos.md)";
   if (r.outcome == "failed") Report(r);
 }

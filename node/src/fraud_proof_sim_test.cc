@@ -582,8 +582,10 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
 // audit's later proofs find their units re-running (nothing left to prove). The network runs
 // the rounds again without the jailed poisoner and the task finishes with the honest
 // reference's weights, bit for bit: the final model holds none of its work, and it keeps no
-// pay for it. Over seeds whose poisoner escapes every check while the task runs (above): 1, 2, 4
-// and 12 since RevealSecret gained forced_commits (2026-12-05: every RevealSecret's bytes, so
+// pay for it. Over seeds whose poisoner escapes every check while the task runs (above): 1, 4, 8
+// and 10 since RegisterNode and UpdateNode gained capabilities.disk_bytes (2026-12-06: their
+// bytes moved every later beacon; of seeds 1..24, 1, 4, 8, 10, 18, 21 and 24 play this scenario,
+// 2 and 12 no longer do); 1, 2, 4 and 12 since RevealSecret gained forced_commits (2026-12-05: every RevealSecret's bytes, so
 // every later beacon, moved; of seeds 1..22, 1, 2, 4, 6, 8, 9, 12-15, 18, 20 and 21 play this
 // scenario, 16 no longer does); 1, 4,
 // 12 and 16 since the task terms gained the stages' boundary bytes (params.stage_boundary_bytes:
@@ -666,7 +668,7 @@ TEST_P(ReopenSimTest, AProofWithinTheAuditWindowReopensTheTaskAndTheRedoIsTheRef
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(1, 2, 4, 12));
+INSTANTIATE_TEST_SUITE_P(EscapingSeeds, ReopenSimTest, ::testing::Values(1, 4, 8, 10));
 
 }  // namespace
 }  // namespace meshlearn::node

@@ -3,6 +3,11 @@
 // (stage_replay.h) passes an honest stage and names (replica, stage, step, micro-batch) of every
 // cheat; the HTTP data plane (stage_plane.h) trains 3 stage endpoints bit-equal to
 // RunPipelineStep and fails a step by its deadline when a stage stops answering.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -54,6 +59,7 @@
 #include "meshlearn/protocol/aggregate.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/scheduler.h"
+#include "meshlearn/protocol/stage_placement.h"
 #include "meshlearn/protocol/stage_state_claim.h"
 #include "meshlearn/protocol/stage_transfer.h"
 #include "testing/diloco_task.h"
@@ -2338,6 +2344,27 @@ TEST(StageEvidenceFilesTest, AStageRunKeepsItsTensorsInFilesAndItsMemoryHoldsThe
       EXPECT_EQ(ev.tensor_file_bytes(), tensor_bytes) << "stage " << s;
       EXPECT_EQ(ev.memory_bytes(), commits) << "stage " << s;
       EXPECT_EQ(ev.bytes(), commits + ev.checkpoint_file_bytes() + tensor_bytes);
+      // The files stay within the disk the ledger places the stage by (protocol::StageDiskBytes
+      // of its memory need: StageTermsOf's formula, the engine's CutCosts total and one step's
+      // tensors, the most of any step).
+      Result<std::vector<engine::StageCost>> costs =
+          engine::CutCosts(spec, StageOptimizer(), StageSetup(spec, ctx.chain).cut, kStageBatch,
+                           spec.kind == "gpt" ? spec.gpt.block_size : 0, kStageMicroBatches);
+      ASSERT_TRUE(costs.ok()) << costs.status().ToString();
+      uint64_t step_tensors = 0;
+      for (const StageStepCommit& c : out[s]->commits) {
+        uint64_t step = 0;
+        for (const auto* list : {&c.received, &c.sent}) {
+          for (const StageTransfer& r : *list) step += r.bytes;
+        }
+        step_tensors = std::max(step_tensors, step);
+      }
+      const uint64_t need =
+          static_cast<uint64_t>(std::ceil((*costs)[s].total_bytes())) + step_tensors;
+      EXPECT_LE(ev.checkpoint_file_bytes() + ev.tensor_file_bytes(),
+                protocol::StageDiskBytes(need, kSteps))
+          << "stage " << s << ": checkpoints " << ev.checkpoint_file_bytes() << ", tensors "
+          << ev.tensor_file_bytes() << ", need " << need;
       // Served from the files: every step's received tensors (what a verifier replays from) and
       // the tensors sent to each neighbour (what a resume re-runs it from), bit for bit.
       for (const StageStepCommit& c : out[s]->commits) {
@@ -2411,6 +2438,70 @@ TEST(StageEvidenceFilesTest, AStageRunKeepsItsTensorsInFilesAndItsMemoryHoldsThe
     ASSERT_TRUE(left.ok()) << left.status().ToString();
     EXPECT_TRUE(left->empty()) << left->front();
   }
+}
+
+// A tensor file whose write fails (here the process's file size limit, RLIMIT_FSIZE, as a full
+// disk would: the write stops part way) fails the step's Publish with an error naming the file,
+// serves nothing of the step, and leaves no part of the file. In a child process, so that the
+// limit binds nothing else.
+TEST(StageEvidenceFilesTest, ATensorFileThatCannotBeWrittenFailsThePublishNamingItAndLeavesNoFile) {
+  const std::string dir = JoinPath(TestDir("stage-full-disk"), "stages");
+  const ModelSpec spec = StageParseModel(kStageMlp);
+  std::vector<std::unique_ptr<Stage>> stages = StageStages(spec);
+  const StageContext ctx = StageCtx();
+  const StageStepRef ref{ctx.task, ctx.round, ctx.replica, 1, 0};
+  StageStepCommit commit;
+  commit.task = ref.task;
+  commit.round = ref.round;
+  commit.replica = ref.replica;
+  commit.stage = ref.stage;
+  commit.stages = 3;
+  commit.step = ref.step;
+  const Bytes tensor(64 << 10, 7);  // 64 KiB, over the limit below (1 KiB)
+  const Hash256 hash = Blake2b("a received tensor");
+  fflush(nullptr);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Exit codes: 0 as expected; each other a failed expectation, named below.
+    StageEvidence evidence(Env::Default(), dir);
+    if (!evidence.SaveCheckpoint(ref, stages[1]->state()).ok()) _exit(2);
+    signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead of killing
+    const struct rlimit limit = {1 << 10, 1 << 10};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(3);
+    Status published = evidence.Publish(commit, {{hash, tensor}});
+    const std::string file = JoinPath(dir, "tensor-" + hash.ToHex() + ".f32");
+    if (published.ok()) _exit(4);
+    if (published.message().find(file) == std::string::npos) {
+      fprintf(stderr, "the error does not name %s: %s\n", file.c_str(),
+              published.ToString().c_str());
+      _exit(5);
+    }
+    if (Env::Default()->FileExists(file)) _exit(6);  // a part of it left
+    if (evidence.TensorFile(hash).ok()) _exit(7);    // served
+    if (evidence.tensor_file_bytes() != 0) _exit(8);
+    if (evidence.PublishedCheckpointState(ref).status().code() != StatusCode::kNotFound) {
+      _exit(9);  // the step is served
+    }
+    // A checkpoint that cannot be written fails the same way: named, and no part of it left
+    // (the folder holds step 0's checkpoint alone).
+    Status saved =
+        evidence.SaveCheckpoint({ref.task, ref.round, ref.replica, 1, 1}, stages[1]->state());
+    if (saved.ok() || saved.message().find(dir) == std::string::npos) _exit(10);
+    Result<std::vector<std::string>> left = Env::Default()->ListDir(dir);
+    if (!left.ok() || left->size() != 1) _exit(11);
+    fprintf(stderr, "as expected: %s\n%s\n", published.ToString().c_str(),
+            saved.ToString().c_str());
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2: no checkpoint, 3: no setrlimit, 4: Publish succeeded, 5: the error does not name "
+         "the file, 6: a part of the file is left, 7: the tensor is served, 8: tensor bytes "
+         "counted, 9: the step is served, 10: a checkpoint write did not fail naming its file, "
+         "11: a part of the checkpoint is left";
 }
 
 // When the resume at k cannot be made -- a kept stage's node no longer holds a tensor the lost

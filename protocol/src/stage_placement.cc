@@ -316,9 +316,19 @@ uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to, uint64_t byte
   return latency_ms * 1000 + std::min(transfer, kMaxStageTransferUs);
 }
 
+uint64_t StageDiskBytes(uint64_t memory_bytes, uint32_t inner_steps) {
+  const uint64_t steps = std::max<uint64_t>(inner_steps, 1);
+  return memory_bytes > UINT64_MAX / steps ? UINT64_MAX : memory_bytes * steps;
+}
+
+uint64_t StageHoldBytes(const NodeView& node, uint32_t inner_steps) {
+  if (node.disk_bytes == 0) return node.memory_bytes;  // none declared: not checked
+  return std::min(node.memory_bytes, node.disk_bytes / std::max<uint64_t>(inner_steps, 1));
+}
+
 Result<std::vector<std::vector<NodeId>>> PlaceStages(
     const TaskSpecView& task, std::span<const StageNeed> stages,
-    std::span<const uint64_t> boundary_bytes, uint32_t replicas, std::span<const NodeView> nodes,
+    std::span<const uint64_t> boundary_bytes, uint32_t replicas, std::span<const NodeView> declared,
     uint64_t height, const SchedulerParams& params) {
   if (stages.empty() || replicas == 0) {
     return InvalidArgument("stage placement: " + std::to_string(stages.size()) + " stages x " +
@@ -341,6 +351,10 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
                              "batch or shorter sequences (train.batch_size, train.seq_len)");
     }
   }
+  // Every rule below sees a node's memory as what it holds of a stage (StageHoldBytes: its
+  // declared disk counted).
+  std::vector<NodeView> nodes(declared.begin(), declared.end());
+  for (NodeView& n : nodes) n.memory_bytes = StageHoldBytes(n, task.inner_steps);
   // Eligibility as the scheduler's, with the smallest stage as the memory floor.
   TaskSpecView floor = task;
   floor.memory_required_bytes = stages[0].memory_bytes;
@@ -402,13 +416,18 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
     size_t holders = 0, wanting = 0;
     for (uint64_t m : mem) holders += m >= need ? 1 : 0;
     for (const PlaceSlot& s : slots) wanting += s.need.memory_bytes >= need ? 1 : 0;
+    // A node "holds that much" when its memory holds the stage and its declared disk the
+    // stage's files (StageHoldBytes).
     return FailedPrecondition(
         "stage placement: stage " + std::to_string(bad.stage) + " needs " + std::to_string(need) +
         " bytes of memory; " + std::to_string(holders) + " of the " + std::to_string(free.size()) +
         " eligible nodes hold that much, and " + std::to_string(wanting) + " stage slots (" +
         std::to_string(replicas) + " replicas) need at least that much: add nodes with " +
-        std::to_string(need) +
-        " bytes or more, run fewer replicas, or cut the model into more stages (network.stages)");
+        std::to_string(need) + " bytes or more, and " +
+        std::to_string(StageDiskBytes(need, task.inner_steps)) +
+        " bytes or more of disk for the stage's files where they declare one (node.toml "
+        "disk_limit_bytes), run fewer replicas, or cut the model into more stages "
+        "(network.stages)");
   }
 
   std::vector<std::vector<NodeId>> chains(replicas, std::vector<NodeId>(stages.size()));

@@ -131,6 +131,47 @@ TEST(StagePlacementTest, NoPlacementIsAnErrorNamingTheStageAndTheFix) {
   EXPECT_FALSE(Place(stages, 0, nodes).ok());
 }
 
+// A node that declares a disk (NodeView::disk_bytes) gets a stage only if the disk holds the
+// stage's files for its H steps (StageDiskBytes: H x the stage's memory need); one that
+// declares none (0) is not checked.
+TEST(StagePlacementTest, AStageGoesOnlyToANodeWhoseDeclaredDiskHoldsItsFiles) {
+  TaskSpecView task = PlaceTask();
+  task.inner_steps = 50;
+  const std::vector<StageNeed> stages = {{100, 10}};
+  EXPECT_EQ(StageDiskBytes(100, 50), 5000u);
+  EXPECT_EQ(StageDiskBytes(100, 0), 100u);
+  EXPECT_EQ(StageDiskBytes(UINT64_MAX / 2, 3), UINT64_MAX);
+  // The fastest node's disk holds 49 steps of the stage's files: it is passed over for the next,
+  // whose disk holds 50 exactly.
+  std::vector<NodeView> nodes = {PlaceNode(1, 1000, 500), PlaceNode(2, 1000, 100),
+                                 PlaceNode(3, 1000, 50)};
+  nodes[0].disk_bytes = 4999;
+  nodes[1].disk_bytes = 5000;
+  EXPECT_EQ(StageHoldBytes(nodes[0], 50), 99u);
+  EXPECT_EQ(StageHoldBytes(nodes[1], 50), 100u);
+  EXPECT_EQ(StageHoldBytes(nodes[2], 50), 1000u);  // none declared: its memory
+  Result<std::vector<std::vector<NodeId>>> r =
+      PlaceStages(task, stages, {}, 1, nodes, kPlaceHeight, SchedulerParams{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)[0][0], nodes[1].id);
+  // Without node 2, the node that declares no disk takes it.
+  r = PlaceStages(task, stages, {}, 1, std::vector<NodeView>{nodes[0], nodes[2]}, kPlaceHeight,
+                  SchedulerParams{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)[0][0], nodes[2].id);
+  // With node 1 alone there is no placement, and the error names the disk the stage needs.
+  r = PlaceStages(task, stages, {}, 1, std::vector<NodeView>{nodes[0]}, kPlaceHeight,
+                  SchedulerParams{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("stage 0 needs 100 bytes of memory; 0 of the"),
+            std::string::npos)
+      << r.status().ToString();
+  EXPECT_NE(r.status().message().find("5000 bytes or more of disk for the stage's files"),
+            std::string::npos)
+      << r.status().ToString();
+}
+
 // Exhaustive search: is there any assignment of distinct nodes to the slots that fits memory?
 bool PlaceBruteForce(const std::vector<uint64_t>& needs, const std::vector<uint64_t>& memories,
                      std::vector<bool>& used, size_t slot) {

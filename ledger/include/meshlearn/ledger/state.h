@@ -76,8 +76,8 @@ enum class NodeStatus : uint8_t {
 std::string_view NodeStatusName(NodeStatus s);
 
 // What a node can do, measured by `meshlearn node bench` and reported at registration.
-// The scheduler (protocol/scheduler.h) reads memory, throughput, latency and bandwidth; a node
-// with throughput or bandwidth 0 gets no work.
+// The scheduler (protocol/scheduler.h) reads memory, disk, throughput, latency and bandwidth; a
+// node with throughput or bandwidth 0 gets no work.
 struct NodeCapabilities {
   uint32_t cores = 0;
   uint64_t memory_bytes = 0;
@@ -85,15 +85,29 @@ struct NodeCapabilities {
   uint64_t throughput = 0;  // training FLOP/s of the standard benchmark
   uint32_t latency_ms = 0;  // round-trip latency to the network
   uint64_t bandwidth_bytes_per_s = 0;  // sustained, both directions
+  // The disk the node offers to its pipeline stage files (the evidence its stage units serve:
+  // docs/node.md, "Stage tensors live in files"): node.toml's disk_limit_bytes, else its data
+  // dir's free space when it started less a tenth (node::OfferedDiskBytes). The scheduler places
+  // a stage only on a node whose disk holds the stage's protocol::StageDiskBytes. 0: none
+  // declared (a record or a client from before the field): its disk is not checked.
+  uint64_t disk_bytes = 0;
 
+  // The fields a node record held before disk_bytes: EncodeNode writes these in place and
+  // disk_bytes in the record's optional tail, so that a record without it encodes as before.
   template <typename S, typename V>
-  static void Visit(S& s, V&& v) {
+  static void VisitMeasured(S& s, V&& v) {
     v("cores", s.cores);
     v("memory_bytes", s.memory_bytes);
     v("accelerator", s.accelerator);
     v("throughput", s.throughput);
     v("latency_ms", s.latency_ms);
     v("bandwidth_bytes_per_s", s.bandwidth_bytes_per_s);
+  }
+  // Transactions (RegisterNode, UpdateNode) and JSON carry every field.
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    VisitMeasured(s, v);
+    v("disk_bytes", s.disk_bytes);
   }
   bool operator==(const NodeCapabilities&) const = default;
 };
@@ -177,7 +191,7 @@ struct NodeRecord {
   uint64_t secrets_committed = 0;
   NodeEarnings earnings;
   // Its last ReportLinks, sorted by peer; empty until it reports (then the record encodes as it
-  // did before links existed: EncodeNode).
+  // did before links existed: EncodeNode, which also keeps capabilities.disk_bytes in that tail).
   std::vector<NodeLink> links;
   bool operator==(const NodeRecord&) const = default;
 };

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -43,5 +44,18 @@ Result<BenchResult> RunStandardBench(const BenchOptions& options = {});
 // Physical memory and online cores of this machine.
 uint64_t PhysicalMemoryBytes();
 uint32_t OnlineCores();
+
+// The bytes free to an unprivileged writer on the file system that holds `path` (statvfs:
+// f_bavail x f_frsize). Errors name the path.
+Result<uint64_t> FreeDiskBytes(const std::string& path);
+// The disk a node offers to its pipeline stage files (NodeCapabilities::disk_bytes, which the
+// scheduler places stages by: protocol::StageDiskBytes), measured when it starts: `limit` when not
+// 0 (node.toml disk_limit_bytes or `node run --disk-limit`), which must not exceed `free_bytes`
+// (FreeDiskBytes of the data dir): FailedPrecondition naming `what` (the flag or key that set
+// it), both figures, the data dir and the fix, since a stage placed by it would fail mid-run
+// with ENOSPC. 0: nine tenths of `free_bytes` (a tenth kept for blobs, journals and everything
+// else the data dir holds), at least 1 (0 would declare none).
+Result<uint64_t> OfferedDiskBytes(uint64_t limit, uint64_t free_bytes, const std::string& data_dir,
+                                  const std::string& what);
 
 }  // namespace meshlearn::node

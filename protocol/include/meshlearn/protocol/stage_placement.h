@@ -9,7 +9,10 @@
 //
 //   * eligible nodes: the scheduler's CheckEligibility (active, live heartbeat, price, reported
 //     throughput, reputation) with the smallest stage's memory as the task's need;
-//   * a slot goes only to a node whose memory_bytes holds its stage, and a node takes one slot;
+//   * a slot goes only to a node whose memory_bytes holds its stage and whose declared disk
+//     holds the stage's files (StageHoldBytes: a node's memory, or less where its disk is the
+//     smaller offer), and a node takes one slot; in every rule below a node's memory is its
+//     StageHoldBytes;
 //   * heavier stages first (FLOPs, then memory, then stage, then replica): each takes the fastest
 //     node left (throughput_flops; then the smaller memory, keeping larger nodes for the stages
 //     that need them; then the node id) among those whose choice still lets every remaining slot
@@ -62,6 +65,24 @@ struct StageNeed {
   uint64_t flops = 0;         // training FLOPs of one step of the stage
 };
 
+// The disk a node fills with the files of one stage unit that needs `memory_bytes`
+// (StageNeed::memory_bytes: TaskParams::stage_memory_bytes, node::StageTermsOf) and trains
+// `inner_steps` steps (H): inner_steps x memory_bytes, saturating at UINT64_MAX. Its stage
+// evidence (docs/node.md, "Stage tensors live in files") is, each step, a checkpoint of the
+// stage's weights and optimizer moments and the tensors it received and sent
+// (StageTerms::step_tensor_bytes), all kept until the round is final; both are parts of the
+// stage's memory need (engine::CutCosts' total holds the weights and moments beside their
+// gradients and the activations; step_tensor_bytes is added to it), so H x the need bounds
+// them, with the gradients and activations to spare. The bound is one unit's: a node's files of
+// an earlier round stay until that round is final, beside the next unit's.
+uint64_t StageDiskBytes(uint64_t memory_bytes, uint32_t inner_steps);
+// What `node` holds of a stage of a task of `inner_steps` steps: its memory_bytes, or, when it
+// declared a disk (NodeView::disk_bytes, not 0) holding less than inner_steps x that,
+// disk_bytes / inner_steps. So a node holds a stage's need m (StageHoldBytes >= m) exactly when
+// its memory holds m and its declared disk StageDiskBytes(m, inner_steps): disk and memory
+// needs are proportional, and PlaceStages places by this one figure. inner_steps 0 counts as 1.
+uint64_t StageHoldBytes(const NodeView& node, uint32_t inner_steps);
+
 // The most bytes a step may move across one stage boundary (TaskParams::stage_boundary_bytes;
 // PlaceStages refuses more): 1 TiB, far beyond any model's activations (GPT-3's, a batch of 512 x
 // 2048 tokens of 12288 floats each way, are 96 GiB), and small enough that bytes x 10^6 stays
@@ -89,7 +110,8 @@ uint64_t StageLinkCostUs(const NodeView& from, const NodeView& to, uint64_t byte
 // choose there and the order of the memory and speed rules stays. InvalidArgument for no stages
 // or no replicas, or boundary_bytes not S-1 entries of at most kMaxStageBoundaryBytes;
 // FailedPrecondition when no placement exists, naming the stage that cannot be placed, its
-// memory, how many eligible nodes hold that much against how many slots need it, and the fix.
+// memory and disk, how many eligible nodes hold that much against how many slots need it, and the
+// fix.
 Result<std::vector<std::vector<NodeId>>> PlaceStages(
     const TaskSpecView& task, std::span<const StageNeed> stages,
     std::span<const uint64_t> boundary_bytes, uint32_t replicas, std::span<const NodeView> nodes,

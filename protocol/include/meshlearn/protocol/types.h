@@ -67,7 +67,10 @@ struct PeerLink {
 // What the scheduler knows about one solver.
 struct NodeView {
   NodeId id;
-  uint64_t memory_bytes = 0;           // memory available for training
+  uint64_t memory_bytes = 0;  // memory available for training
+  // Disk offered to pipeline stage files (NodeCapabilities::disk_bytes); 0: none declared, not
+  // checked. Only PlaceStages reads it (StageHoldBytes).
+  uint64_t disk_bytes = 0;
   uint64_t throughput_flops = 0;       // FLOP/s measured by the standard benchmark
   uint32_t latency_ms = 0;             // reported round-trip latency to the network
   uint64_t bandwidth_bytes_per_s = 0;  // reported sustained bandwidth (both directions)
