@@ -1726,7 +1726,7 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "--no-verification --memory-limit 8M\n"
       "Writes DIR/model.safetensors and DIR/report.json (the task's metric, rounds, units, money:\n"
       "spent = paid to solvers + verifiers + aggregators, treasury cut, refunded; bytes; the\n"
-      "ledger's final state and the weights hash vs the in-process reference); logs of every\n"
+      "task's final state id and the weights hash vs the in-process reference); logs of every\n"
       "process in DIR/logs. Rounds are numbered from 0, as on the ledger.\n"
       "Ctrl-C stops every process it started.");
   cmd->callback([&g] { g.Exit(RunDevnet(g, a, [&g](const json& report) { PrintReport(g, report); })); });
@@ -1737,7 +1737,7 @@ void PrintReport(GlobalOptions& g, const json& report) {
     g.Output(report, [&] {
       std::cout << fmt::format(
           "devnet: {} rounds, {} units ({} paid) on {} solvers in {:.0f}s: {}\n{}\n"
-          "weights hash {}{}; ledger state {}\nmodel: {}\nreport: {}\n",
+          "weights hash {}{}; final state {}\nmodel: {}\nreport: {}\n",
           report["rounds"].get<uint64_t>(), report["units_committed"].get<uint64_t>(),
           report["units_paid"].get<uint64_t>(), report["solvers"].get<int>(),
           report["seconds_training"].get<double>(), report["metric_text"].get<std::string>(),

@@ -328,6 +328,12 @@ TEST(Devnet, TheMainJobAsScriptsRunShWritesIt) {
   EXPECT_NE(r.out.find("(= the in-process reference)"), std::string::npos) << r.out;
   json rep = ReadReport(cwd + "/out/devnet");
   CheckCommon(rep);
+  // The hash printed beside the weights hash is the task's final state (the blob id the ledger
+  // recorded for it), not a hash of the ledger's state: named so.
+  EXPECT_NE(r.out.find("; final state " + rep["final_state"].get<std::string>() + "\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("ledger state"), std::string::npos) << r.out;
   const json& v = rep["verification"];
   EXPECT_EQ(v["assurance"], "full") << v.dump(2);
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);
