@@ -127,13 +127,16 @@ void CheckCommon(const json& r, int rounds = 3) {
                                             m["paid_to_verifiers"].get<uint64_t>() +
                                             m["paid_to_aggregators"].get<uint64_t>())
       << m.dump(2);
-  uint64_t units = 0, aggregation = 0;
+  uint64_t units = 0, aggregation = 0, verification = 0;
   for (const json& n : r["nodes"]) {
     units += n["paid_for_units"].get<uint64_t>();
     aggregation += n["paid_for_aggregation"].get<uint64_t>();
+    verification += n["paid_for_verification"].get<uint64_t>();
   }
   EXPECT_EQ(units, m["paid_to_solvers"].get<uint64_t>()) << r.dump(2);
   EXPECT_EQ(aggregation, m["paid_to_aggregators"].get<uint64_t>()) << r.dump(2);
+  // Each node's verification pay, as the ledger records it on the node, adds up to the task's.
+  EXPECT_EQ(verification, m["paid_to_verifiers"].get<uint64_t>()) << r.dump(2);
   // The file devnet wrote is the model the ledger recorded, by the weights hash.
   EXPECT_EQ(r["final_weights_hash"].get<std::string>().size(), 64u);
   EXPECT_EQ(r["final_state"].get<std::string>().size(), 64u);
