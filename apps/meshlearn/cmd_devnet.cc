@@ -1349,6 +1349,13 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     }
     Result<json> nr = rpc.Call("get_node", {{"id", id}});
     if (nr.ok()) {
+      // Verification pay and jackpot rewards as the ledger records them on the node (its
+      // `earnings`, before the treasury's cut, as the task's tallies count pay): a cheating
+      // solver's checks of other nodes' units show here apart from its units.
+      const json e = nr->value("earnings", json::object());
+      n["paid_for_verification"] = e.value("verification", uint64_t{0});
+      n["checks_paid"] = e.value("checks_paid", uint64_t{0});
+      n["jackpot_won"] = e.value("jackpot", uint64_t{0});
       n["reputation"] = nr->value("reputation", json::object());
       n["status"] = nr->value("status", "");
       const uint64_t stake = nr->value("stake", uint64_t{0});
@@ -1367,10 +1374,10 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     }
     // earned: what the node's account gained (a devnet node is its own owner: every payment goes
     // to its key), i.e. its payments for units, aggregation and verification less the treasury's
-    // cut of each, plus jackpot rewards. The ledger records no node's verification pay apart
-    // (only the task's total, verification.verifiers_paid), so other_earnings, earned less what
-    // it was paid for units and aggregation, is verification pay plus jackpot rewards less the
-    // treasury's cut of all of the node's payments: named for what it is.
+    // cut of each, plus jackpot rewards. other_earnings, earned less what it was paid for units
+    // and aggregation, is verification pay plus jackpot rewards less the treasury's cut of all of
+    // the node's payments (kept for readers of report.json; paid_for_verification and
+    // jackpot_won above are each apart).
     Result<json> acct = rpc.Call("get_account", {{"address", id}});
     if (acct.ok()) {
       const int64_t earned = static_cast<int64_t>(acct->value("balance", uint64_t{0})) -
@@ -1726,7 +1733,7 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
       "--no-verification --memory-limit 8M\n"
       "Writes DIR/model.safetensors and DIR/report.json (the task's metric, rounds, units, money:\n"
       "spent = paid to solvers + verifiers + aggregators, treasury cut, refunded; bytes; the\n"
-      "ledger's final state and the weights hash vs the in-process reference); logs of every\n"
+      "task's final state id and the weights hash vs the in-process reference); logs of every\n"
       "process in DIR/logs. Rounds are numbered from 0, as on the ledger.\n"
       "Ctrl-C stops every process it started.");
   cmd->callback([&g] { g.Exit(RunDevnet(g, a, [&g](const json& report) { PrintReport(g, report); })); });
@@ -1737,7 +1744,7 @@ void PrintReport(GlobalOptions& g, const json& report) {
     g.Output(report, [&] {
       std::cout << fmt::format(
           "devnet: {} rounds, {} units ({} paid) on {} solvers in {:.0f}s: {}\n{}\n"
-          "weights hash {}{}; ledger state {}\nmodel: {}\nreport: {}\n",
+          "weights hash {}{}; final state {}\nmodel: {}\nreport: {}\n",
           report["rounds"].get<uint64_t>(), report["units_committed"].get<uint64_t>(),
           report["units_paid"].get<uint64_t>(), report["solvers"].get<int>(),
           report["seconds_training"].get<double>(), report["metric_text"].get<std::string>(),
@@ -1837,12 +1844,14 @@ void PrintReport(GlobalOptions& g, const json& report) {
       for (const json& n : report["nodes"]) {
         const std::string adv = n.value("adversary", "");
         std::cout << fmt::format(
-            "  node{} {}{}: {} units, paid {} for units, {} for aggregation; earned {} (other: "
-            "{}, verification and jackpot less the treasury cut); slashed {} ({})\n",
+            "  node{} {}{}: {} units, paid {} for units, {} for aggregation, {} for verifying {} "
+            "check(s), {} from the jackpot; earned {} in all, after the treasury's cut; slashed "
+            "{} ({})\n",
             n["solver"].get<int>(), n.value("roles", ""),
             adv.empty() ? "" : " [adversary " + adv + "]", n["units"].get<int>(),
             n["paid_for_units"].get<uint64_t>(), n.value("paid_for_aggregation", uint64_t{0}),
-            n.value("earned", int64_t{0}), n.value("other_earnings", int64_t{0}),
+            n.value("paid_for_verification", uint64_t{0}), n.value("checks_paid", uint64_t{0}),
+            n.value("jackpot_won", uint64_t{0}), n.value("earned", int64_t{0}),
             n.value("slashed", uint64_t{0}), n.value("status", ""));
       }
       const json& m = report["metric"];

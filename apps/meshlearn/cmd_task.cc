@@ -841,7 +841,8 @@ Status RunFetch(GlobalOptions& g, const TaskArgs& a) {
   ML_RETURN_IF_ERROR(WriteReportFile(JoinPath(a.out, "report.json"), report, {"model"}));
   g.Output(report, [&] {
     std::cout << "model:  " << model << " (round " << c.round << ": " << MetricText(p) << ")\n"
-              << "        ledger state " << c.state_hex << ", weights hash " << wh.ToHex() << "\n"
+              << "        " << (p.final_state.empty() ? "state " : "final state ") << c.state_hex
+              << ", weights hash " << wh.ToHex() << "\n"
               << "report: " << JoinPath(a.out, "report.json") << "\n"
               << "check it: meshlearn task verify-model " << id.ToHex().substr(0, 12) << " "
               << model << RpcFlag(a) << "\n";

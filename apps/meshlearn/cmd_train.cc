@@ -208,7 +208,8 @@ Status RunEval(GlobalOptions& g, const EvalArgs& a) {
   EvalResult ev = engine::Evaluate(*st.model, task, data);
   // The weights hash: BLAKE2b over the weights in model order (node::HashFloats), the hash that
   // `task fetch`, `meshlearn diloco` and devnet's report.json print for the same weights. A file
-  // written by `task fetch` also names the ledger state it came from.
+  // written by `task fetch` also names the task's state (its blob id, as the ledger recorded it)
+  // it came from.
   std::vector<float> weights;
   for (const engine::Param& p : st.model->params()) {
     weights.insert(weights.end(), p.value.data(), p.value.data() + p.value.size());
@@ -254,7 +255,7 @@ Status RunEval(GlobalOptions& g, const EvalArgs& a) {
                              ev.accuracy >= 0 ? "samples" : "tokens", weights_hash);
     if (!origin_task.empty()) {
       // `meshlearn task verify-model TASK FILE` checks it against the ledger (docs/submitters.md).
-      std::cout << "ledger state " << origin_state << " of task " << origin_task << "\n";
+      std::cout << "state " << origin_state << " of task " << origin_task << "\n";
     }
   });
   return Status::Ok();

@@ -127,13 +127,16 @@ void CheckCommon(const json& r, int rounds = 3) {
                                             m["paid_to_verifiers"].get<uint64_t>() +
                                             m["paid_to_aggregators"].get<uint64_t>())
       << m.dump(2);
-  uint64_t units = 0, aggregation = 0;
+  uint64_t units = 0, aggregation = 0, verification = 0;
   for (const json& n : r["nodes"]) {
     units += n["paid_for_units"].get<uint64_t>();
     aggregation += n["paid_for_aggregation"].get<uint64_t>();
+    verification += n["paid_for_verification"].get<uint64_t>();
   }
   EXPECT_EQ(units, m["paid_to_solvers"].get<uint64_t>()) << r.dump(2);
   EXPECT_EQ(aggregation, m["paid_to_aggregators"].get<uint64_t>()) << r.dump(2);
+  // Each node's verification pay, as the ledger records it on the node, adds up to the task's.
+  EXPECT_EQ(verification, m["paid_to_verifiers"].get<uint64_t>()) << r.dump(2);
   // The file devnet wrote is the model the ledger recorded, by the weights hash.
   EXPECT_EQ(r["final_weights_hash"].get<std::string>().size(), 64u);
   EXPECT_EQ(r["final_state"].get<std::string>().size(), 64u);
@@ -328,6 +331,12 @@ TEST(Devnet, TheMainJobAsScriptsRunShWritesIt) {
   EXPECT_NE(r.out.find("(= the in-process reference)"), std::string::npos) << r.out;
   json rep = ReadReport(cwd + "/out/devnet");
   CheckCommon(rep);
+  // The hash printed beside the weights hash is the task's final state (the blob id the ledger
+  // recorded for it), not a hash of the ledger's state: named so.
+  EXPECT_NE(r.out.find("; final state " + rep["final_state"].get<std::string>() + "\n"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("ledger state"), std::string::npos) << r.out;
   const json& v = rep["verification"];
   EXPECT_EQ(v["assurance"], "full") << v.dump(2);
   ASSERT_EQ(v["slashed"].size(), 1u) << v.dump(2);

@@ -361,10 +361,18 @@ TEST(TaskCli, DevnetTaskReadsTheSameInEveryCommand) {
   EXPECT_EQ(verify.code, 0) << verify.out;
   EXPECT_TRUE(Has(verify.out, "OK: ")) << verify.out;
   EXPECT_TRUE(Has(verify.out, t["final_state"].get<std::string>())) << verify.out;
+  // The human fetch names the state as what it is: the task's final state (its blob id).
+  CmdResult human_fetch =
+      Meshlearn("task fetch " + id.substr(0, 12) + " --out " + base + "/fetched-again" + rpc, user);
+  ASSERT_EQ(human_fetch.code, 0) << human_fetch.out;
+  EXPECT_TRUE(Has(human_fetch.out, "final state " + t["final_state"].get<std::string>()))
+      << human_fetch.out;
+  EXPECT_FALSE(Has(human_fetch.out, "ledger state")) << human_fetch.out;
   CmdResult eval = Meshlearn("eval " + model + " --task " + file, user);
   EXPECT_EQ(eval.code, 0) << eval.out;
   EXPECT_TRUE(Has(eval.out, "weights hash " + f["weights_hash"].get<std::string>())) << eval.out;
-  EXPECT_TRUE(Has(eval.out, "ledger state " + t["final_state"].get<std::string>())) << eval.out;
+  EXPECT_TRUE(Has(eval.out, "state " + t["final_state"].get<std::string>() + " of task " + id))
+      << eval.out;
   EXPECT_FALSE(Has(eval.out, "step 0")) << eval.out;
 
   // A second task from the submitter's key: the printed follow-up carries --rpc; cancelled at

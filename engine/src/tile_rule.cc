@@ -918,9 +918,7 @@ Result<int64_t> TileRuleWindowWorstWitnessBytes(const TilePlan& plan, int64_t j)
   for (int64_t t = 0; t < o.grid.col_tiles(); ++t) {
     for (int64_t b = 0; b < blocks; ++b) {
       ML_ASSIGN_OR_RETURN(TileFootprint fp, Footprint(plan, j, t, b));
-      const int64_t examples = static_cast<int64_t>(fp.batch_rows.size());
-      bytes = std::max(bytes, TileRuleBlockWitnessBytes(
-                                  plan, j, TileRuleFootprintFloats(plan, j, t, b, fp), examples));
+      bytes = std::max(bytes, TileRuleFootprintWitnessBytes(plan, j, t, b, fp));
     }
   }
   return bytes;
@@ -2112,6 +2110,12 @@ int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, 
     }
   }
   return floats + static_cast<int64_t>(fp.batch_rows.size()) * example;
+}
+
+int64_t TileRuleFootprintWitnessBytes(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
+                                      const TileFootprint& fp) {
+  return TileRuleBlockWitnessBytes(plan, op, TileRuleFootprintFloats(plan, op, tile, block, fp),
+                                   static_cast<int64_t>(fp.batch_rows.size()));
 }
 
 Result<TilePlan> PlanStepTiles(const ModelSpec& model, const OptimizerSpec& optimizer,

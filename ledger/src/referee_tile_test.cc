@@ -3454,6 +3454,159 @@ TEST(TileContextTest, Gpt2MediumAndXlWitnessesFromShapesAlone) {
   }
 }
 
+// The engine prices a tile witness (engine::TileRuleFootprintWitnessBytes: the footprint's values,
+// 36 + 32 x levels bytes a tile or example chunk at the plan's proof levels, 836 bytes an
+// example's leaf, the fixed parts) without the ledger's encoder, which it cannot see: the plan
+// narrows or refuses a max-pool by that price. Here both meet: the witness BuildTileWitness builds
+// from a real step, encoded by EncodeTileWitness, against the engine's price of its footprint. The
+// price is never under the encoded size, and over it by exactly the headroom the price was
+// designed with, each part named below; a change of either side's byte counts breaks the equality.
+struct PricedWitness {
+  std::string op;
+  int64_t tile = 0, block = 0;
+  int64_t price = 0;     // the engine's
+  int64_t bytes = 0;     // EncodeTileWitness's
+  int64_t headroom = 0;  // what the price was designed to leave over the encoding
+  size_t tiles = 0, chunks = 0, examples = 0;
+};
+
+// The parts by which the engine's price exceeds the encoding of `w`, a witness of footprint `fp`
+// of operator `op` of `plan`, each as the engine prices it (tile_rule.cc, TileRuleWitnessBytes)
+// and as the ledger encodes it (EncodeTileWitness):
+//   - fixed parts: a 27-byte magic (the encoding's is 25) and 6 counts (a v1 witness writes 4, a
+//     v2 one 5, a v3 one, with chunked examples, all 6);
+//   - every tile and example chunk: 36 + 32 x L bytes at the plan's L levels (its largest
+//     operator's tiles), for ceil(floats / 1024) of them; a tile encodes in 36 + 32 x its proof's
+//     depth, a chunk in 24 + 32 x its proof's depth (no operator, no index);
+//   - every example: 836 bytes (a proof of 24 levels, the data set's size being unknown to the
+//     plan); a whole one encodes in 36 + 32 x depth, a chunked one's leaf in 68 + 32 x depth.
+// The values (4 bytes a float, each vector's count counted above) are priced as encoded.
+int64_t DesignedHeadroom(const TilePlan& plan, const engine::TileFootprint& fp, int64_t floats,
+                         const TileWitness& w) {
+  int64_t most_tiles = 1;
+  for (const engine::TileOp& o : plan.ops) most_tiles = std::max(most_tiles, o.grid.count());
+  const int64_t L = CeilLog2(static_cast<uint64_t>(most_tiles));
+  auto depth = [](const MerkleProof& p) { return static_cast<int64_t>(p.siblings.size()); };
+  int64_t h = 2 + (w.chunked.empty() ? (w.pages.empty() ? 8 : 4) : 0);
+  int64_t chunks = 0;
+  for (const TileWitnessTile& t : w.tiles) h += 32 * (L - depth(t.proof));
+  for (const StepWitnessExample& x : w.examples) h += 800 - 32 * depth(x.proof);
+  for (const TileWitnessChunkedExample& x : w.chunked) {
+    h += 768 - 32 * depth(x.proof);
+    for (const TileWitnessChunk& c : x.chunks) h += 12 + 32 * (L - depth(c.proof));
+    chunks += static_cast<int64_t>(x.chunks.size());
+  }
+  const int64_t priced = (floats + 1023) / 1024;
+  h += (priced - static_cast<int64_t>(w.tiles.size()) - chunks) * (36 + 32 * L);
+  EXPECT_EQ(static_cast<size_t>(fp.tiles.size()), w.tiles.size());
+  return h;
+}
+
+// Operator `name` of the current setup at its first, middle and last tiles and its first two,
+// middle and last two reduction blocks (all of them up to 8), each priced and built at kLieStep
+// of the honest run.
+std::vector<PricedWitness> PriceWitnesses(const std::string& name) {
+  const TilePlan& plan = Context().plan;
+  const int64_t op = OpIndex(name);
+  const engine::TileGrid& g = plan.ops[static_cast<size_t>(op)].grid;
+  const int64_t nb = engine::ReductionBlocks(plan, op);
+  std::vector<int64_t> blocks;
+  for (int64_t k = 0; k < std::max<int64_t>(nb, 1); ++k) {
+    if (nb <= 8 || k < 2 || k == nb / 2 || k >= nb - 2) blocks.push_back(k);
+  }
+  std::vector<PricedWitness> out;
+  for (int64_t tile : {int64_t{0}, g.count() / 2, g.count() - 1}) {
+    for (int64_t block : blocks) {
+      RefereeTask task;
+      task.whole_step = false;
+      task.step = kLieStep;
+      task.operator_index = static_cast<uint32_t>(op + 1);
+      task.tile = true;
+      task.tile_index = static_cast<uint64_t>(tile);
+      task.tile_count = static_cast<uint64_t>(g.count());
+      task.reduction_blocks = static_cast<uint32_t>(nb);
+      task.block = static_cast<uint32_t>(block);
+      const TileWitness w = BuildWitness(Honest(), task);
+      Result<engine::TileFootprint> fp = engine::Footprint(plan, op, tile, block);
+      EXPECT_TRUE(fp.ok()) << name << ": " << fp.status().ToString();
+      if (!fp.ok()) return out;
+      PricedWitness p{.op = name, .tile = tile, .block = block};
+      p.price = engine::TileRuleFootprintWitnessBytes(plan, op, tile, block, *fp);
+      p.bytes = static_cast<int64_t>(EncodeTileWitness(w).size());
+      p.headroom = DesignedHeadroom(plan, *fp,
+                                    engine::TileRuleFootprintFloats(plan, op, tile, block, *fp), w);
+      p.tiles = w.tiles.size();
+      p.examples = w.examples.size() + w.chunked.size();
+      for (const TileWitnessChunkedExample& x : w.chunked) p.chunks += x.chunks.size();
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+void ExpectPricedAsDesigned(const std::vector<PricedWitness>& priced, const char* model) {
+  ASSERT_FALSE(priced.empty()) << model;
+  for (const PricedWitness& p : priced) {
+    std::printf(
+        "[ price    ] %s %s tile %lld block %lld: %zu tiles, %zu examples, %zu chunks: "
+        "witness %lld bytes, priced %lld (+%lld)\n",
+        model, p.op.c_str(), static_cast<long long>(p.tile), static_cast<long long>(p.block),
+        p.tiles, p.examples, p.chunks, static_cast<long long>(p.bytes),
+        static_cast<long long>(p.price), static_cast<long long>(p.price - p.bytes));
+    const std::string where = std::string(model) + " " + p.op + " tile " + std::to_string(p.tile) +
+                              " block " + std::to_string(p.block);
+    EXPECT_GE(p.price, p.bytes) << where << ": the engine prices the witness under its encoding";
+    EXPECT_EQ(p.price - p.bytes, p.headroom) << where;
+  }
+}
+
+// The fashion CNN: its max-pools' blocks (forward and input gradient, the plan's own check of
+// them, TileRuleMaxPoolBlockWitnessBytes, at least each one's witness too), the first conv over
+// whole examples of 784 floats (each with its leaf's proof), and the linear over 1568 inputs
+// (narrowed into blocks) with its weight gradient over the batch, matmul tiles.
+TEST(TileWitnessPriceTest, OnTheFashionCnnThePriceIsTheEncodingPlusTheDesignedHeadroom) {
+  g_setup = &CnnSetup();
+  const TilePlan& plan = Context().plan;
+  for (const char* pool :
+       {"layers.2.out", "layers.2.in.grad", "layers.5.out", "layers.5.in.grad"}) {
+    const std::vector<PricedWitness> priced = PriceWitnesses(pool);
+    ExpectPricedAsDesigned(priced, "fashion CNN");
+    Result<int64_t> worst = engine::TileRuleMaxPoolBlockWitnessBytes(plan, OpIndex(pool));
+    ASSERT_TRUE(worst.ok()) << worst.status().ToString();
+    for (const PricedWitness& p : priced) EXPECT_GE(*worst, p.bytes) << pool;
+  }
+  for (const char* op : {"layers.0.out", "layers.7.out", "layers.7.weight.grad"}) {
+    ExpectPricedAsDesigned(PriceWitnesses(op), "fashion CNN");
+  }
+}
+
+// A first layer over examples of 12,288 floats (12 chunks), a matmul whose blocks read one chunk
+// of each of their examples (each chunk with its proof against the example's chunk root, each
+// example's leaf with its proof), and a first-layer 2 x 2 max-pool over 3 x 40 x 40 examples (5
+// chunks an example), whose pieces read chunks of 16 examples.
+TEST(TileWitnessPriceTest, OnChunkedExamplesThePriceIsTheEncodingPlusTheDesignedHeadroom) {
+  g_setup = &ChunkedSetup();
+  ExpectPricedAsDesigned(PriceWitnesses("layers.0.out"), "linear over 3 x 64 x 64");
+  ExpectPricedAsDesigned(PriceWitnesses("layers.0.weight.grad"), "linear over 3 x 64 x 64");
+  static const auto* pool = ChunkedLayersSetup({3, 40, 40}, R"([[model.layers]]
+kind = "maxpool2d"
+kernel = 2
+[[model.layers]]
+kind = "flatten"
+[[model.layers]]
+kind = "linear"
+out = 10
+init = "xavier"
+)");
+  g_setup = pool;
+  const std::vector<PricedWitness> priced = PriceWitnesses("layers.0.out");
+  ExpectPricedAsDesigned(priced, "first-layer 2 x 2 max-pool over 3 x 40 x 40");
+  Result<int64_t> worst =
+      engine::TileRuleMaxPoolBlockWitnessBytes(Context().plan, OpIndex("layers.0.out"));
+  ASSERT_TRUE(worst.ok()) << worst.status().ToString();
+  for (const PricedWitness& p : priced) EXPECT_GE(*worst, p.bytes);
+}
+
 // A party silent at one phase (param: phase x which party; the solver lies) loses at the missed
 // deadline, whichever side lies, with no referee. A fresh chain each: the loser is jailed.
 class TileChainSilenceTest : public TileChainTest, public ::testing::WithParamInterface<int> {};

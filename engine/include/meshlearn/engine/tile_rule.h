@@ -518,6 +518,17 @@ Result<TileFootprint> Footprint(const TilePlan& plan, int64_t op, int64_t tile, 
 int64_t TileRuleFootprintFloats(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
                                 const TileFootprint& fp);
 
+// The bytes the plan prices a witness of footprint `fp` (block `block` of tile `tile` of operator
+// `op`) at: its values (TileRuleFootprintFloats), a header and a Merkle proof at the plan's proof
+// levels (its largest operator's tiles) for each of its tiles and example chunks, each example's
+// leaf with a proof of 24 levels (the data set's size is not the plan's) and the fixed parts
+// (magic, counts, the output roots of the operators before `op`). A token task's pages are not
+// priced. The engine cannot see the ledger's encoder; ledger test TileWitnessPriceTest pins this
+// to what ledger::EncodeTileWitness makes of the witness BuildTileWitness builds.
+// TileRuleMaxPoolBlockWitnessBytes reads a max-pool's blocks by it past its arithmetic bound.
+int64_t TileRuleFootprintWitnessBytes(const TilePlan& plan, int64_t op, int64_t tile, int64_t block,
+                                      const TileFootprint& fp);
+
 // The most bytes a witness of a block of max-pool operator `op` (forward or input gradient) of
 // `plan` can take: its values, each tile's (or example chunk's) Merkle proof at the plan's proof
 // levels (its largest operator's tiles), its examples' leaves (a proof of 24 levels) and the fixed
