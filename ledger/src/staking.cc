@@ -1,6 +1,9 @@
 // Staking: bonding tokens to nodes, unbonding with a delay, withdrawing, and slashing.
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
 
 #include "execute.h"
 
@@ -138,22 +141,44 @@ Status ExecuteUnstake(ExecContext& ctx, const UnstakeTx& tx) {
 
 Status ExecuteWithdraw(ExecContext& ctx, const WithdrawTx&) {
   const Account* a = ctx.state.accounts.Find(ctx.tx.sender);
-  Amount released = 0;
+  if (a == nullptr) return FailedPrecondition("withdraw: nothing is unbonding");
+  // A matured entry of a node whose units are still under check stays: a slash there must still
+  // reach it (OpenCheckHold). Each node and release height is looked up once.
+  std::map<std::pair<PublicKey, uint64_t>, std::optional<StakeHold>> holds;
+  auto hold_of = [&](const Unbonding& u) -> const std::optional<StakeHold>& {
+    auto [it, added] = holds.try_emplace({u.node_id, u.release_height});
+    if (added) it->second = OpenCheckHold(ctx.state, u.node_id, u.release_height, ctx.height);
+    return it->second;
+  };
+  Amount released = 0, held = 0;
+  const Unbonding* first_held = nullptr;
   uint64_t next_release = UINT64_MAX;
   for (const Unbonding& u : a->unbonding) {
-    if (u.release_height <= ctx.height) {
-      ML_RETURN_IF_ERROR(CheckedAdd(released, u.amount, &released, "withdraw"));
-    } else {
+    if (u.release_height > ctx.height) {
       next_release = std::min(next_release, u.release_height);
+    } else if (hold_of(u)) {
+      ML_RETURN_IF_ERROR(CheckedAdd(held, u.amount, &held, "withdraw"));
+      if (first_held == nullptr) first_held = &u;
+    } else {
+      ML_RETURN_IF_ERROR(CheckedAdd(released, u.amount, &released, "withdraw"));
     }
   }
   if (released == 0) {
+    if (first_held != nullptr) {
+      const StakeHold& h = *hold_of(*first_held);
+      return FailedPrecondition(
+          "withdraw: " + std::to_string(held) + " matured but stays slashable: node " +
+          first_held->node_id.ShortHex() + " solved unit " + std::to_string(h.index) + " of task " +
+          h.task_id.ShortHex() + " and " + h.why + ": retry at height " +
+          std::to_string(h.retry_height) + " or later");
+    }
     if (next_release == UINT64_MAX) return FailedPrecondition("withdraw: nothing is unbonding");
     return FailedPrecondition("withdraw: nothing has matured yet; next release at height " +
                               std::to_string(next_release));
   }
   Account* m = ctx.state.accounts.FindMutable(ctx.tx.sender);
-  std::erase_if(m->unbonding, [&](const Unbonding& u) { return u.release_height <= ctx.height; });
+  std::erase_if(m->unbonding,
+                [&](const Unbonding& u) { return u.release_height <= ctx.height && !hold_of(u); });
   return CheckedAdd(m->balance, released, &m->balance, "balance");
 }
 
