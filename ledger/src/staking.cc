@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <utility>
 
 #include "execute.h"
 
@@ -143,32 +142,32 @@ Status ExecuteWithdraw(ExecContext& ctx, const WithdrawTx&) {
   const Account* a = ctx.state.accounts.Find(ctx.tx.sender);
   if (a == nullptr) return FailedPrecondition("withdraw: nothing is unbonding");
   // A matured entry of a node whose units are still under check stays: a slash there must still
-  // reach it (OpenCheckHold). Each node and release height is looked up once.
-  std::map<std::pair<PublicKey, uint64_t>, std::optional<StakeHold>> holds;
-  auto hold_of = [&](const Unbonding& u) -> const std::optional<StakeHold>& {
-    auto [it, added] = holds.try_emplace({u.node_id, u.release_height});
-    if (added) it->second = OpenCheckHold(ctx.state, u.node_id, u.release_height, ctx.height);
-    return it->second;
+  // reach it (OpenCheckHold). Each node is looked up once.
+  std::map<PublicKey, std::optional<StakeHold>> holds;
+  auto held = [&](const Unbonding& u) -> const StakeHold* {
+    auto [it, added] = holds.try_emplace(u.node_id);
+    if (added) it->second = OpenCheckHold(ctx.state, u.node_id, ctx.height);
+    return it->second && it->second->Holds(u.release_height) ? &*it->second : nullptr;
   };
-  Amount released = 0, held = 0;
-  const Unbonding* first_held = nullptr;
+  Amount released = 0, kept = 0;
+  const Unbonding* first_kept = nullptr;
   uint64_t next_release = UINT64_MAX;
   for (const Unbonding& u : a->unbonding) {
     if (u.release_height > ctx.height) {
       next_release = std::min(next_release, u.release_height);
-    } else if (hold_of(u)) {
-      ML_RETURN_IF_ERROR(CheckedAdd(held, u.amount, &held, "withdraw"));
-      if (first_held == nullptr) first_held = &u;
+    } else if (held(u) != nullptr) {
+      ML_RETURN_IF_ERROR(CheckedAdd(kept, u.amount, &kept, "withdraw"));
+      if (first_kept == nullptr) first_kept = &u;
     } else {
       ML_RETURN_IF_ERROR(CheckedAdd(released, u.amount, &released, "withdraw"));
     }
   }
   if (released == 0) {
-    if (first_held != nullptr) {
-      const StakeHold& h = *hold_of(*first_held);
+    if (first_kept != nullptr) {
+      const StakeHold& h = *held(*first_kept);
       return FailedPrecondition(
-          "withdraw: " + std::to_string(held) + " matured but stays slashable: node " +
-          first_held->node_id.ShortHex() + " solved unit " + std::to_string(h.index) + " of task " +
+          "withdraw: " + std::to_string(kept) + " matured but stays slashable: node " +
+          first_kept->node_id.ShortHex() + " solved unit " + std::to_string(h.index) + " of task " +
           h.task_id.ShortHex() + " and " + h.why + ": retry at height " +
           std::to_string(h.retry_height) + " or later");
     }
@@ -177,8 +176,9 @@ Status ExecuteWithdraw(ExecContext& ctx, const WithdrawTx&) {
                               std::to_string(next_release));
   }
   Account* m = ctx.state.accounts.FindMutable(ctx.tx.sender);
-  std::erase_if(m->unbonding,
-                [&](const Unbonding& u) { return u.release_height <= ctx.height && !hold_of(u); });
+  std::erase_if(m->unbonding, [&](const Unbonding& u) {
+    return u.release_height <= ctx.height && held(u) == nullptr;
+  });
   return CheckedAdd(m->balance, released, &m->balance, "balance");
 }
 

@@ -2204,16 +2204,19 @@ Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const H
 }
 
 std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& node,
-                                       uint64_t matured, uint64_t height) {
+                                       uint64_t height) {
+  std::optional<StakeHold> earliest;
   for (const auto& [id, t] : s.tasks.rows()) {
     for (uint32_t index : t.verification.late_games) {
       const WorkUnit* u = s.units.Find({id, index});
       if (u == nullptr || !u->late.open()) continue;
       Result<protocol::DisputeGame> game = LoadLateGame(*u);
       if (!game.ok() || game->config().defender != node) continue;
+      // Its unit's round is final: committed before any entry matured that a slash could reach.
       return StakeHold{.task_id = id,
                        .index = index,
                        .round = u->round,
+                       .committed_height = 0,
                        .why =
                            "a late dispute on it (LateChallenge) is open; the stake is "
                            "released once the game is ruled",
@@ -2228,7 +2231,8 @@ std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& no
       const WorkUnit* u = s.units.Find({id, index});
       if (u == nullptr || u->check.empty() || !m->Unfinal(u->round)) continue;
       Result<UnitCheck> c = LoadCheck(*u);
-      if (!c.ok() || c->config().solver != node || c->config().commit_height > matured) continue;
+      if (!c.ok() || c->config().solver != node) continue;
+      if (earliest && earliest->committed_height <= c->config().commit_height) continue;
       // The end of the window the check is in now: a lower bound on when it can be over (a
       // dispute's next turns, a merits window and the round's finality may come after it).
       uint64_t end = height;
@@ -2246,14 +2250,15 @@ std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& no
                             : "its check is " + std::string(protocol::CheckStageName(c->stage()));
       why += "; the stake is released once the check has settled and round " +
              std::to_string(u->round) + " is final";
-      return StakeHold{.task_id = id,
-                       .index = index,
-                       .round = u->round,
-                       .why = std::move(why),
-                       .retry_height = end + 1};
+      earliest = StakeHold{.task_id = id,
+                           .index = index,
+                           .round = u->round,
+                           .committed_height = c->config().commit_height,
+                           .why = std::move(why),
+                           .retry_height = end + 1};
     }
   }
-  return std::nullopt;
+  return earliest;
 }
 
 Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {

@@ -2187,6 +2187,39 @@ INSTANTIATE_TEST_SUITE_P(EachSide, LateGameTest,
                            return "";
                          });
 
+// A late game holds its defender's unbonding stake as a live check does (OpenCheckHold): s1 left
+// after its task finished, and its owner's Withdraw of the matured entry comes in the block a late
+// game on its poisoned unit opens: refused, naming the game. s1 falls silent and loses: the slash
+// reaches the entry, and the rest is withdrawn once the game is over.
+TEST_F(LateGameTest, AnOpenLateGameHoldsItsDefendersUnbondingStake) {
+  RunPoisonedTask();
+  StepOk({N(s1_, LeaveNodeTx{.node_id = s1_.public_key()})});
+  Steps(static_cast<int>(genesis_.params.unbonding_delay_blocks) + 1);  // matured
+  const TaskRecord finished = Task();  // past its audit window too: the model stays
+  while (chain_->Height() + 1 <= AuditWindowEnd(finished, genesis_.params.audit_window_blocks)) {
+    Step();
+  }
+  const Amount cost = UnitCost(Task(), Unit(u_).price);
+  const Amount entry = chain_->GetAccount(alice_.public_key())->unbonding.at(0).amount;
+  const Amount alice_before = Balance(alice_);
+  std::vector<Receipt> r = Step({Late(dave_, 1, states_[4], cost), Q(alice_, WithdrawTx{})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_FALSE(r[1].ok);
+  EXPECT_NE(r[1].reason.find("late dispute"), std::string::npos) << r[1].reason;
+  EXPECT_NE(r[1].reason.find("unit " + std::to_string(u_)), std::string::npos) << r[1].reason;
+  PlayLate(nullptr, [&](uint64_t s) { return states_[s]; });
+  Step();
+  ASSERT_FALSE(Unit(u_).late.open());
+  ASSERT_EQ(Task().verification.proven_frauds.size(), 1u);
+  const ProvenFraud f = Task().verification.proven_frauds[0];
+  EXPECT_GT(f.slashed, 0u);
+  const Amount left = entry - f.slashed - f.clawed_back;
+  ASSERT_EQ(chain_->GetAccount(alice_.public_key())->unbonding.at(0).amount, left);
+  StepOk({Q(alice_, WithdrawTx{})});
+  EXPECT_EQ(Balance(alice_), alice_before + left);
+  EXPECT_TRUE(chain_->GetTotals().Check().ok());
+}
+
 // A unit taken back while its late game runs (here proven by a ProveFraud that fits) leaves the
 // game nothing to decide: it closes and the challenger gets its bond back.
 TEST_F(FraudProofTest, ALateGameWhoseUnitIsProvenMeanwhileReturnsItsBond) {
