@@ -1,14 +1,18 @@
-// meshlearn task audit ID [--full] [--sample N] [--seed S] [--prove --key K]: fetches a finished
-// task's record from the ledger and its bundle and data from the nodes, re-executes its units
-// (all of them with --full, else a seeded random sample) and checks every recorded hash, printing
-// the chain from the initial weights to the final model and a verdict (node/task_audit.h does the
-// work; docs/submitters.md "Audit a task"). With --prove every unit whose commitment does not
-// replay is proven on chain (ProveFraudTx: the witness of its first segment that misses its leaf;
-// a witness over the ledger's 8 MiB bound opens a late game instead, LateChallengeTx, whose
-// challenger's side the command then plays until it is ruled: PlayLateGames).
+// meshlearn task audit ID [--full] [--sample N] [--seed S] [--prove --key K [--witness-limit B]]:
+// fetches a finished task's record from the ledger and its bundle and data from the nodes,
+// re-executes its units (all of them with --full, else a seeded random sample) and checks every
+// recorded hash, printing the chain from the initial weights to the final model and a verdict
+// (node/task_audit.h does the work; docs/submitters.md "Audit a task"). With --prove every unit
+// whose commitment does not replay is proven on chain (ProveFraudTx: the witness of its first
+// segment that misses its leaf; a witness over the ledger's 8 MiB bound, or over --witness-limit,
+// opens a late game instead, LateChallengeTx, whose challenger's side the command then plays until
+// it is ruled: PlayLateGames). `task audit ID --resume-games --key K` re-audits nothing: it plays
+// the late games K challenged and left open (an audit stopped while it played them) to their
+// rulings (ResumeLateGames).
 // It hangs under `meshlearn task`, which cmd_task.cc creates.
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -46,6 +50,9 @@ struct AuditArgs {
   std::optional<uint64_t> seed;
   uint64_t max_rebuild_units = 100;
   bool prove = false;
+  // With --prove: a witness over this many bytes is sent as a LateChallenge, not a ProveFraud.
+  std::optional<uint64_t> witness_limit;
+  bool resume_games = false;
   std::string key;
   std::string passphrase_file;
 };
@@ -71,27 +78,40 @@ std::string Hex16(const Hash256& h) {
   return h.IsZero() ? std::string(16, '-') : h.ToHex().substr(0, 16);
 }
 
-// What became of a unit's fraud proof (AuditUnit::proof, made by SendFraudProof).
-std::string ProofLine(const node::AuditUnit& u) {
-  const json& p = u.proof;
+// The size of a late game's witness and why it went late ("" when unknown: a resumed game).
+std::string LateWitnessText(const json& p) {
+  if (!p.contains("witness_bytes")) return "";
+  const uint64_t limit = p.value("witness_limit", uint64_t{ledger::kMaxWitnessBytes});
+  return fmt::format(" ({} bytes of witness, over {})", p.value("witness_bytes", uint64_t{0}),
+                     limit == ledger::kMaxWitnessBytes ? std::string("the ledger's limit")
+                                                       : fmt::format("--witness-limit {}", limit));
+}
+
+// What became of a fraud proof of segment `segment` (AuditUnit::proof, made by SendFraudProof and
+// RecordLateOutcome).
+std::string ProofLine(int64_t segment, const json& p) {
   if (p.value("late", false) && p.contains("ruled")) {  // a late game played to its end
+    if (p.value("ruled", std::string()) == "moot") {
+      return fmt::format(
+          "segment {}: a late game{} closed without a ruling: the unit was taken back meanwhile "
+          "(a proof on its solver rewound the task), the bond back",
+          segment, LateWitnessText(p));
+    }
     if (!p.value("proven", false)) {
       return fmt::format(
-          "segment {}: a late game ({} bytes of witness, over the ledger's limit) ruled for {}{}: "
-          "not proven, the bond paid the solver's re-run",
-          u.fraud_segment, p.value("witness_bytes", uint64_t{0}),
-          p.value("ruled", std::string("nobody")),
+          "segment {}: a late game{} ruled for {}{}: not proven, the bond paid the solver's "
+          "re-run",
+          segment, LateWitnessText(p), p.value("ruled", std::string("nobody")),
           p.contains("reason") ? " (" + p.value("reason", std::string()) + ")" : "");
     }
     return fmt::format(
-        "segment {}: a late game ({} bytes of witness, over the ledger's limit) ruled for the "
-        "challenger: PROVEN; solver slashed {}, {} clawed back, bounty {}, the bond back",
-        u.fraud_segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
+        "segment {}: a late game{} ruled for the challenger: PROVEN; solver slashed {}, {} "
+        "clawed back, bounty {}, the bond back",
+        segment, LateWitnessText(p), p.value("slashed", uint64_t{0}),
         p.value("clawed_back", uint64_t{0}), p.value("bounty", uint64_t{0}));
   }
   if (!p.value("sent", false) || !p.value("ok", false)) {
-    return fmt::format("segment {}: {}",
-                       u.fraud_segment < 0 ? std::string("-") : std::to_string(u.fraud_segment),
+    return fmt::format("segment {}: {}", segment < 0 ? std::string("-") : std::to_string(segment),
                        p.value("error", std::string("not sent")));
   }
   std::string rounds;
@@ -104,14 +124,14 @@ std::string ProofLine(const node::AuditUnit& u) {
         "segment {} re-executed by the ledger ({} bytes of witness): PROVEN; solver slashed {}, "
         "bounty {}; the task is reopened from round {} (the first its solver worked in) and "
         "runs again without it, {} of its pay clawed back into the escrow for the redo",
-        u.fraud_segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
+        segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
         p.value("bounty", uint64_t{0}), p.value("rewound_to", uint32_t{0}),
         p.value("clawed_back", uint64_t{0}));
   }
   return fmt::format(
       "segment {} re-executed by the ledger ({} bytes of witness): PROVEN; solver slashed {}, "
       "{} clawed back to the submitter, bounty {}; the task's record marks round(s) {}",
-      u.fraud_segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
+      segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
       p.value("clawed_back", uint64_t{0}), p.value("bounty", uint64_t{0}), rounds);
 }
 
@@ -167,6 +187,17 @@ bool RecordProvenFraud(const json& verification, uint32_t index, json* out) {
 json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
                     const node::AuditUnit& u, ledger::ProveFraudTx tx, json out) {
   const Hash256 task_id = tx.task_id;
+  // Commit, then prove (docs/verification.md): the bounty is the earliest committer's and the
+  // proof goes after its commitment's block, so a copier of the public proof cannot take it.
+  json commit;
+  const ledger::CommitProofTx c{
+      .commitment = ledger::ProofCommitment(ledger::ProofWitnessId(tx), key.public_key()),
+      .prover = key.public_key()};
+  if (!SendAndWait(rpc, key, chain_id, c, "CommitProof", "proof's commitment", &commit)) {
+    out["error"] = commit.value("error", std::string("the commitment was not sent"));
+    return out;
+  }
+  out["commit_tx"] = commit["tx"];
   if (!SendAndWait(rpc, key, chain_id, std::move(tx), "ProveFraud", "proof", &out)) return out;
   Result<json> t = GetTask(rpc, task_id, false);
   if (t.ok()) (void)RecordProvenFraud(t->value("verification", json::object()), u.index, &out);
@@ -175,15 +206,16 @@ json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
 
 // Sends what proves unit `u`'s failed segment `w` (node::FraudProofFor): its ProveFraud when the
 // witness fits a transaction, else a LateChallenge, whose game the audit then plays
-// (PlayLateGames). `task` is the record with units.
+// (PlayLateGames). `task` is the record with units; `limit` the largest witness sent as a
+// ProveFraud (--witness-limit; the ledger's kMaxWitnessBytes unless lowered).
 json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::string& chain_id,
                     const json& task, const node::AuditUnit& u, const node::BuiltSegmentWitness& w,
-                    const node::BlobGetter& get) {
+                    const node::BlobGetter& get, uint64_t limit) {
   json out = {{"segment", w.segment},
               {"committed_end", w.committed_end.ToHex()},
               {"replayed_end", w.replayed_end.ToHex()},
               {"sent", false}};
-  Result<node::FraudProofSend> f = node::FraudProofFor(task, u, w, get);
+  Result<node::FraudProofSend> f = node::FraudProofFor(task, u, w, get, limit);
   if (!f.ok()) {
     out["error"] = f.status().message();
     return out;
@@ -196,29 +228,71 @@ json SendFraudProof(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
   // Over the bound: the late game (docs/verification.md, "Over 8 MiB: a late dispute").
   out["late"] = true;
   out["bond"] = f->bond;
+  out["witness_limit"] = limit;
   SendAndWait(rpc, key, chain_id, std::move(f->tx), "LateChallenge", "late challenge", &out);
   return out;
 }
 
-// Plays the challenger's side of the late games `units` of task `id` that this audit opened
-// (an agent for `key` that is an account, not a node: node::AgentOptions::late_challenger)
-// until none is open, then records each game's ruling in its unit's proof.
-Status PlayLateGames(GlobalOptions& g, node::HttpChainClient& chain, net::BlobStore* store,
-                     const KeyPair& key, const Hash256& id, node::AuditReport* r) {
-  std::set<uint32_t> units;
-  for (const node::AuditUnit& u : r->units) {
-    if (u.proof.value("late", false) && u.proof.value("ok", false)) units.insert(u.index);
+// The open late games on task record `t` (get_task with units) whose challenger is `challenger`
+// (hex): each unit's `late` view (segment, bond, game) and its `assignee`, by unit index.
+std::map<uint32_t, json> OpenLateGamesOf(const json& t, const std::string& challenger) {
+  std::map<uint32_t, json> out;
+  for (const json& u : t.value("units", json::array())) {
+    if (!u.contains("late") || u["late"].value("challenger", std::string()) != challenger) continue;
+    json g = u["late"];
+    g["assignee"] = u.value("assignee", std::string());
+    out[u.value("index", 0u)] = std::move(g);
   }
-  // And the games this key opened before (an audit stopped while it played them, run again: its
-  // LateChallenge is refused as open already, and the game goes on from where it is).
-  ML_ASSIGN_OR_RETURN(json record, GetTask(chain.rpc(), id, true));
-  for (const json& u : record.value("units", json::array())) {
-    if (u.contains("late") &&
-        u["late"].value("challenger", std::string()) == key.public_key().ToHex()) {
-      units.insert(u.value("index", 0u));
+  return out;
+}
+
+// What became of the late game on unit `index` that `challenger` (hex) played against `defender`
+// (the unit's solver when the game was open), once it is closed, from the task's record `t` (with
+// units) into `out`: `ruled` (the referee's ruling: `challenger`, `defender` or `both`; `silence`:
+// a party missed its turn; `moot`: the unit was taken back meanwhile, e.g. by another proof's
+// rewind, and the bond came back), its `reason`, and `proven` with the proven fraud's effects
+// (RecordProvenFraud).
+void RecordLateOutcome(const json& t, uint32_t index, const std::string& challenger,
+                       const std::string& defender, json* out) {
+  const json v = t.value("verification", json::object());
+  (*out)["late"] = true;
+  (*out)["ruled"] = "silence";
+  bool ruled = false;
+  for (const json& ru : v.value("rulings", json::array())) {
+    if (ru.value("index", UINT32_MAX) == index &&
+        ru.value("challenger", std::string()) == challenger) {
+      (*out)["ruled"] = ru.value("for", std::string());
+      (*out)["reason"] = ru.value("reason", std::string());
+      ruled = true;
     }
   }
-  if (units.empty()) return Status::Ok();
+  const bool proven = RecordProvenFraud(v, index, out);
+  (*out)["proven"] = proven;
+  if (proven || ruled || defender.empty()) return;
+  for (const json& u : t.value("units", json::array())) {
+    if (u.value("index", UINT32_MAX) != index) continue;
+    // The game closes moot when its unit is no longer the verified work of its defender
+    // (ledger LateGameMoot); after a silence the unit stays so.
+    if (u.value("status", std::string()) != "verified" ||
+        u.value("assignee", std::string()) != defender) {
+      (*out)["ruled"] = "moot";
+    }
+  }
+}
+
+// Plays the challenger's side of the late games on `units` of task `id` (open, with `key` as their
+// challenger) with an agent for `key` that is an account, not a node
+// (node::AgentOptions::late_challenger), until none is open, and returns each game's outcome
+// (RecordLateOutcome) by unit. Progress on stderr (unless --json): the agent's moves and each game
+// as it closes.
+Result<std::map<uint32_t, json>> PlayLateGames(GlobalOptions& g, node::HttpChainClient& chain,
+                                               net::BlobStore* store, const KeyPair& key,
+                                               const Hash256& id, const std::set<uint32_t>& units) {
+  std::map<uint32_t, json> outcomes;
+  if (units.empty()) return outcomes;
+  const std::string me = key.public_key().ToHex();
+  ML_ASSIGN_OR_RETURN(json record, GetTask(chain.rpc(), id, true));
+  const std::map<uint32_t, json> open_games = OpenLateGamesOf(record, me);
   net::HttpTransport transport;
   node::AgentOptions opts;
   opts.data_dir = JoinPath(JoinPath(g.Home().AuditDir(), id.ToHex()), "late");
@@ -238,20 +312,29 @@ Status PlayLateGames(GlobalOptions& g, node::HttpChainClient& chain, net::BlobSt
     std::cerr << fmt::format(
                      "playing the challenger's side of {} late game(s) on task {} (the solver "
                      "answers each turn within blocks sized by the unit's work; Ctrl-C stops, "
-                     "and a silent challenger loses its bond)",
-                     units.size(), id.ShortHex())
+                     "and a silent challenger loses its bond; `meshlearn task audit {} "
+                     "--resume-games --key NAME` goes on)",
+                     units.size(), id.ShortHex(), id.ShortHex())
               << std::endl;
   }
-  auto open = [&]() -> Result<bool> {
-    ML_ASSIGN_OR_RETURN(json t, GetTask(chain.rpc(), id, false));
-    for (const json& i : t["verification"].value("late_games", json::array())) {
-      if (units.count(i.get<uint32_t>())) return true;
-    }
-    return false;
-  };
+  std::set<uint32_t> playing = units;
   for (;;) {
-    ML_ASSIGN_OR_RETURN(bool still, open());
-    if (!still) break;
+    ML_ASSIGN_OR_RETURN(json t, GetTask(chain.rpc(), id, false));
+    std::set<uint32_t> still;
+    for (const json& i : t["verification"].value("late_games", json::array())) {
+      if (playing.count(i.get<uint32_t>())) still.insert(i.get<uint32_t>());
+    }
+    if (!g.json) {
+      for (uint32_t u : playing) {
+        if (!still.count(u)) {
+          std::cerr << fmt::format("late game on unit {} closed ({} of {} still open)", u,
+                                   still.size(), units.size())
+                    << std::endl;
+        }
+      }
+    }
+    playing = std::move(still);
+    if (playing.empty()) break;
     Result<node::TickReport> tick = agent.Tick();
     if (!tick.ok()) {
       std::cerr << "late game: " << tick.status().message() << std::endl;
@@ -262,23 +345,20 @@ Status PlayLateGames(GlobalOptions& g, node::HttpChainClient& chain, net::BlobSt
     (void)chain.Call("wait_block", {{"after", tick->height}, {"timeout_ms", 5000}});
   }
   // Each game's ruling (the last one on its unit with this key as challenger).
-  ML_ASSIGN_OR_RETURN(json t, GetTask(chain.rpc(), id, false));
-  const json v = t.value("verification", json::object());
-  for (node::AuditUnit& u : r->units) {
-    if (!units.count(u.index)) continue;
-    if (!u.proof.is_object()) u.proof = json::object();
-    u.proof["late"] = true;
-    u.proof["ruled"] = "silence";  // a party missed its turn: no referee ruling
-    for (const json& ru : v.value("rulings", json::array())) {
-      if (ru.value("index", UINT32_MAX) == u.index &&
-          ru.value("challenger", std::string()) == key.public_key().ToHex()) {
-        u.proof["ruled"] = ru.value("for", std::string());
-        u.proof["reason"] = ru.value("reason", std::string());
-      }
+  ML_ASSIGN_OR_RETURN(json t, GetTask(chain.rpc(), id, true));
+  for (uint32_t u : units) {
+    json out = json::object();
+    const auto at = open_games.find(u);
+    if (at != open_games.end()) {
+      out["segment"] = at->second.value("segment", uint32_t{0});
+      out["bond"] = at->second.value("bond", uint64_t{0});
     }
-    u.proof["proven"] = RecordProvenFraud(v, u.index, &u.proof);
+    RecordLateOutcome(
+        t, u, me,
+        at == open_games.end() ? std::string() : at->second.value("assignee", std::string()), &out);
+    outcomes[u] = std::move(out);
   }
-  return Status::Ok();
+  return outcomes;
 }
 
 // Sends the ProveFraud of stage unit `u`'s step u.fraud_segment with the witness `w` the audit
@@ -369,7 +449,8 @@ void PrintReport(const node::AuditReport& r, double seconds) {
             Hex16(u->result), d_ok ? "✓" : "✗", u->sampled && !r.full ? "  (sampled)" : "");
       }
       if (!c_ok || !d_ok) std::cout << "        " << u->note << "\n";
-      if (!u->proof.is_null()) std::cout << "        fraud proof: " << ProofLine(*u) << "\n";
+      if (!u->proof.is_null())
+        std::cout << "        fraud proof: " << ProofLine(u->fraud_segment, u->proof) << "\n";
     }
     if (quiet > 0) std::cout << fmt::format("      {} more units ✓\n", quiet);
     state_line(r.chain[round + 1]);
@@ -397,6 +478,58 @@ void PrintReport(const node::AuditReport& r, double seconds) {
   }
 }
 
+// `task audit ID --resume-games --key K`: no audit; plays the late games on task `id` that `key`
+// challenged and that are still open (a `--prove` audit stopped while it played them) to their
+// rulings, and reports each (docs/submitters.md "Audit a task"). Exit status 1 when a game was
+// lost (ruled for the solver, or the challenger silent).
+Status ResumeLateGames(GlobalOptions& g, const AuditArgs& a, node::HttpChainClient& chain,
+                       net::BlobStore* store, const KeyPair& key, const Hash256& id) {
+  const std::string me = key.public_key().ToHex();
+  ML_ASSIGN_OR_RETURN(json record, GetTask(chain.rpc(), id, true));
+  const std::map<uint32_t, json> mine = OpenLateGamesOf(record, me);
+  if (mine.empty()) {
+    std::set<std::string> others;
+    for (const json& u : record.value("units", json::array())) {
+      if (u.contains("late")) {
+        others.insert(u["late"].value("challenger", std::string()).substr(0, 12));
+      }
+    }
+    if (others.empty()) {
+      return FailedPrecondition(fmt::format(
+          "task {} has no open late game: nothing to resume (a game's ruling is in `meshlearn "
+          "task status {} --json`, verification.rulings; `task audit --prove` opens games)",
+          id.ShortHex(), id.ShortHex()));
+    }
+    std::string list;
+    for (const std::string& c : others) list += (list.empty() ? "" : ", ") + c + "...";
+    return FailedPrecondition(fmt::format(
+        "no open late game on task {} has key '{}' ({}...) as its challenger (the open games' "
+        "challengers: {}): pass the key that sent the LateChallenge",
+        id.ShortHex(), a.key, me.substr(0, 12), list));
+  }
+  std::set<uint32_t> units;
+  for (const auto& [index, game] : mine) units.insert(index);
+  ML_ASSIGN_OR_RETURN(auto outcomes, PlayLateGames(g, chain, store, key, id, units));
+  json j = {{"task_id", id.ToHex()}, {"challenger", me}, {"games", json::array()}};
+  bool lost = false;
+  for (const auto& [index, out] : outcomes) {
+    json game = out;
+    game["index"] = index;
+    lost = lost || (!out.value("proven", false) && out.value("ruled", std::string()) != "moot");
+    j["games"].push_back(std::move(game));
+  }
+  g.Output(j, [&] {
+    std::cout << fmt::format("late games of key '{}' on task {}: {} played to their rulings\n",
+                             a.key, id.ToHex(), outcomes.size());
+    for (const auto& [index, out] : outcomes) {
+      std::cout << fmt::format("  unit {}: {}\n", index,
+                               ProofLine(out.value("segment", int64_t{-1}), out));
+    }
+  });
+  if (lost) g.exit_code = 1;
+  return Status::Ok();
+}
+
 Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   ML_RETURN_IF_ERROR(engine::ConfigureFromEnv());
   Env* env = Env::Default();
@@ -407,8 +540,22 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
         "--prove needs --key NAME: the key that signs and pays for the "
         "ProveFraud transactions (and gets their bounties)");
   }
-  if (!a.prove && !a.key.empty()) {
-    return InvalidArgument("--key " + a.key + " is only used with --prove");
+  if (a.resume_games && a.key.empty()) {
+    return InvalidArgument(
+        "--resume-games needs --key NAME: the key that sent the LateChallenges (the games' "
+        "challenger)");
+  }
+  if (!a.prove && !a.resume_games && !a.key.empty()) {
+    return InvalidArgument("--key " + a.key + " is only used with --prove (or --resume-games)");
+  }
+  if (a.witness_limit && !a.prove) {
+    return InvalidArgument("--witness-limit is only used with --prove");
+  }
+  if (a.witness_limit && *a.witness_limit > ledger::kMaxWitnessBytes) {
+    return InvalidArgument(fmt::format(
+        "--witness-limit {} is over the ledger's limit of {} bytes (kMaxWitnessBytes): a "
+        "ProveFraud that large is refused; leave it out to use the ledger's limit",
+        *a.witness_limit, ledger::kMaxWitnessBytes));
   }
   const std::string url = ledger::DefaultRpcUrl(a.rpc);
   node::HttpChainClient chain(url);
@@ -421,17 +568,21 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
                        "(or set $MESHLEARN_RPC)");
   }
   ML_ASSIGN_OR_RETURN(Hash256 id, ResolveTaskId(chain.rpc(), a.id));
-  // --prove signs with --key: load it before hours of re-execution, not after.
+  // --prove signs with --key: load it before hours of re-execution, not after. (--resume-games
+  // plays with it: its agent signs the moves.)
   std::optional<KeyPair> key;
   std::string chain_id;
-  if (a.prove) {
+  if (a.prove || a.resume_games) {
     KeyStore keys(env, g.KeysDir());
     ML_ASSIGN_OR_RETURN(std::string pass, ReadPassphrase(a.passphrase_file, false, !g.json));
     ML_ASSIGN_OR_RETURN(KeyPair k, keys.Load(a.key, pass));
     key = std::move(k);
-    ML_ASSIGN_OR_RETURN(chain_id, ledger::FetchChainId(chain.rpc()));
+    if (a.prove) {
+      ML_ASSIGN_OR_RETURN(chain_id, ledger::FetchChainId(chain.rpc()));
+    }
   }
   ML_ASSIGN_OR_RETURN(auto store, net::BlobStore::Open(env, g.Home().BlobsDir()));
+  if (a.resume_games) return ResumeLateGames(g, a, chain, store.get(), *key, id);
   if (!a.task_file.empty()) {
     // The task file and its data, from this machine: the audit then needs nothing from the
     // nodes but the states it does not recompute.
@@ -464,7 +615,8 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
     o.on_fraud = [&](const node::AuditUnit& u, const node::BuiltSegmentWitness& w) -> json {
       Result<json> task = GetTask(chain.rpc(), id, true);  // the units as they are now
       if (!task.ok()) return {{"sent", false}, {"error", task.status().message()}};
-      return SendFraudProof(chain.rpc(), *key, chain_id, *task, u, w, get);
+      return SendFraudProof(chain.rpc(), *key, chain_id, *task, u, w, get,
+                            a.witness_limit.value_or(ledger::kMaxWitnessBytes));
     };
     o.on_stage_fraud = [&](const node::AuditUnit& u, const node::StageFraudProof& w) {
       return SendStageFraudProof(chain.rpc(), *key, chain_id, id, u, w);
@@ -474,7 +626,28 @@ Status RunAudit(GlobalOptions& g, const AuditArgs& a) {
   ML_ASSIGN_OR_RETURN(node::AuditReport r, node::AuditTask(env, chain, id, get, o));
   if (bar) bar->Finish();
   // A unit whose proof was over the witness bound: its late game, played to its ruling.
-  if (key) ML_RETURN_IF_ERROR(PlayLateGames(g, chain, store.get(), *key, id, &r));
+  if (key) {
+    std::set<uint32_t> late;
+    for (const node::AuditUnit& u : r.units) {
+      // (A unit that passed, or was not proven, has no proof: null.)
+      if (u.proof.is_object() && u.proof.value("late", false) && u.proof.value("ok", false)) {
+        late.insert(u.index);
+      }
+    }
+    // And the games this key opened before (an audit stopped while it played them, run again:
+    // its LateChallenge is refused as open already, and the game goes on from where it is).
+    ML_ASSIGN_OR_RETURN(json record, GetTask(chain.rpc(), id, true));
+    for (const auto& [index, game] : OpenLateGamesOf(record, key->public_key().ToHex())) {
+      late.insert(index);
+    }
+    ML_ASSIGN_OR_RETURN(auto outcomes, PlayLateGames(g, chain, store.get(), *key, id, late));
+    for (node::AuditUnit& u : r.units) {
+      const auto at = outcomes.find(u.index);
+      if (at == outcomes.end()) continue;
+      if (!u.proof.is_object()) u.proof = json::object();
+      for (const auto& [k, v] : at->second.items()) u.proof[k] = v;
+    }
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   json j = node::AuditReportToJson(r);
@@ -533,8 +706,23 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
               "segment that misses its committed leaf, slashes the solver, pays a bounty; over "
               "the 8 MiB witness bound a LateChallenge with a bond of the unit's cost, whose "
               "dispute game the command plays until it is ruled)");
+  CLI::Option* limit = c->add_option(
+      "--witness-limit", a.witness_limit,
+      "With --prove: the largest witness (bytes) sent as one ProveFraud; a larger one opens a "
+      "late game (LateChallenge) instead (default and most: the ledger's 8388608; 0: every "
+      "proof as a late game)");
+  CLI::Option* resume = c->add_flag(
+      "--resume-games", a.resume_games,
+      "Audit nothing: play the late games this --key challenged and left open (a --prove audit "
+      "stopped while it played them) to their rulings");
+  for (const char* other :
+       {"--full", "--sample", "--seed", "--max-rebuild-units", "--task", "--prove"}) {
+    resume->excludes(c->get_option(other));
+  }
+  resume->excludes(limit);
   c->add_option("--key", a.key,
-                "With --prove: the key that signs the proofs (`meshlearn keys list`)");
+                "With --prove or --resume-games: the key that signs the proofs and plays the late "
+                "games (`meshlearn keys list`)");
   c->add_option("--passphrase-file", a.passphrase_file, "Read the key's passphrase from this file");
   c->add_option("--rpc", a.rpc, "Ledger RPC URL (default $MESHLEARN_RPC or http://127.0.0.1:7700)");
   c->footer(
@@ -546,6 +734,10 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
       "  meshlearn --json task audit 3f2a... --full --rpc http://127.0.0.1:7700\n"
       "  meshlearn task audit 3f2a... --full --task my-task.toml   # bundle and data from here\n"
       "  meshlearn task audit 3f2a... --full --prove --key alice  # slash what fails, on chain\n"
+      "  meshlearn task audit 3f2a... --full --prove --key alice --witness-limit 0\n"
+      "                                     # every proof as a late game, played to its ruling\n"
+      "  meshlearn task audit 3f2a... --resume-games --key alice  # go on with alice's open "
+      "late games\n"
       "Exit status 0 on PASS, 1 on FAIL (the first mismatch is named) or on an error.\n"
       "A sampled unit needs its round's start state: fetched from the nodes, else rebuilt by\n"
       "re-executing the rounds before it (at most --max-rebuild-units units). See\n"
@@ -556,7 +748,10 @@ void AddTaskAudit(CLI::App& root, GlobalOptions& g) {
       "leaf is sent as ProveFraud (a few MB of witness; a stage: its first step that differs by\n"
       "its own fault, with the re-run's checkpoint and tensors); accepted for a final round\n"
       "while the solver's stake is bonded (params.unbonding_delay_blocks >=\n"
-      "params.audit_window_blocks).");
+      "params.audit_window_blocks). A witness over the ledger's 8 MiB (or --witness-limit)\n"
+      "opens a late game instead, with a bond of the unit's cost, and the command plays it to\n"
+      "its ruling; stopped meanwhile, --resume-games --key K plays the key's open games on\n"
+      "(exit status 1 when a game was lost: neither proven nor moot).");
   c->callback([&g] { g.Exit(RunAudit(g, a)); });
 }
 

@@ -213,10 +213,19 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
                    const AwaitingSecrets& awaiting);
 // Late disputes (LateChallengeTx; docs/verification.md, "Over 8 MiB: a late dispute"); the least
 // bond, LateChallengeMinBond, is in state.h (a challenger's node computes it too).
+// The blocks of the chain's interval that `flops` take at `flops_per_second`: the whole
+// milliseconds, plus one, over the interval, plus one (a turn that starts late in a block still
+// gets the work's time). The one conversion of work into a turn's blocks.
+uint64_t BlocksForFlops(const Genesis& g, uint64_t flops, uint64_t flops_per_second);
 // Blocks each turn of a late game on a unit of `t` may take: the unit's work (UnitFlops) at a
-// floor throughput of 1 GFLOP/s in blocks of the chain's interval, at least
-// dispute_response_blocks.
+// floor throughput of 1 GFLOP/s (BlocksForFlops), at least dispute_response_blocks.
 uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t);
+// Blocks each dispute turn (and the merits window) of the check of unit `index` of a task with
+// params `p` may take (UnitCheckConfig::dispute_response_blocks, set when the check opens): for a
+// pipeline stage's unit, twice its stage's step (stage_flops) at a floor throughput of
+// 100 MFLOP/s (BlocksForFlops), at least dispute_response_blocks, so an honest stage can trace
+// its step under load within a turn; for any other unit, dispute_response_blocks.
+uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t index);
 // The end-of-block step for the late games open on task `task_id` (any status): deadlines (a
 // silent party loses, DisputeGame::OnBlock) and their settlement; a game whose unit was taken
 // back meanwhile (a rewind, a ProveFraud) closes with the bond returned.
@@ -244,6 +253,17 @@ struct StakeHold {
 };
 std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& node,
                                        uint64_t height);
+// Commit, then prove (proof_commits.cc; CommitProofTx). The bounty of a proof whose witness id
+// is `witness_id`, executed in the block at `height`: the prover of the earliest commitment to
+// it made at least one block before (ties: `sender`, the proof's own prover, if among them, else
+// the first in key order); for a ProveResult or ProveMerits (`nodes_only`) only a registered
+// node's counts, the bounty being a node's. nullopt when none: the proof still rules, the bounty
+// stays in the jackpot. Drops every kept commitment to that witness (the proof is spent).
+std::optional<PublicKey> TakeProofCommitter(LedgerState& s, const Hash256& witness_id,
+                                            const PublicKey& sender, uint64_t height,
+                                            bool nodes_only);
+// The end-of-block step: drops the commitments no proof after `height` can count any more.
+void ExpireProofCommits(LedgerState& s, uint64_t height);
 
 // Helpers for executors.
 Result<NodeRecord*> OwnedNode(LedgerState& s, const PublicKey& node_id, const PublicKey& owner);

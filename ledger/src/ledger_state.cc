@@ -31,8 +31,8 @@ Globals* LedgerState::MutableGlobals() {
 }
 
 LedgerState::Mark LedgerState::GetMark() const {
-  return {accounts.JournalSize(), nodes.JournalSize(), tasks.JournalSize(), units.JournalSize(),
-          globals.JournalSize()};
+  return {accounts.JournalSize(), nodes.JournalSize(),   tasks.JournalSize(),
+          units.JournalSize(),    globals.JournalSize(), proof_commits.JournalSize()};
 }
 
 void LedgerState::RollbackTo(const Mark& m) {
@@ -41,6 +41,7 @@ void LedgerState::RollbackTo(const Mark& m) {
   tasks.RollbackTo(m.tasks);
   units.RollbackTo(m.units);
   globals.RollbackTo(m.globals);
+  proof_commits.RollbackTo(m.proof_commits);
 }
 
 void LedgerState::ClearJournal() {
@@ -49,6 +50,7 @@ void LedgerState::ClearJournal() {
   tasks.ClearJournal();
   units.ClearJournal();
   globals.ClearJournal();
+  proof_commits.ClearJournal();
 }
 
 void LedgerState::ClearDirty() {
@@ -57,6 +59,7 @@ void LedgerState::ClearDirty() {
   tasks.ClearDirty();
   units.ClearDirty();
   globals.ClearDirty();
+  proof_commits.ClearDirty();
 }
 
 void LedgerState::MarkAllDirty() {
@@ -65,6 +68,7 @@ void LedgerState::MarkAllDirty() {
   tasks.MarkAllDirty();
   units.MarkAllDirty();
   globals.MarkAllDirty();
+  proof_commits.MarkAllDirty();
 }
 
 Bytes LedgerState::EncodeGlobals(const Globals& g) {
@@ -117,6 +121,17 @@ Hash256 LedgerState::Hash() const {
     e = Encoder();
     EncodeWorkUnit(e, u);
     flush();
+  }
+  // Only while some are kept: a chain that never had one (or has none now) hashes as before
+  // the table existed.
+  if (!proof_commits.rows().empty()) {
+    h.UpdateU64(static_cast<uint64_t>(StateTable::kProofCommits))
+        .UpdateU64(proof_commits.rows().size());
+    for (const auto& [k, c] : proof_commits.rows()) {
+      e = Encoder();
+      EncodeProofCommit(e, c);
+      flush();
+    }
   }
   return h.Finish();
 }

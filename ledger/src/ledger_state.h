@@ -139,12 +139,13 @@ enum class StateTable : uint8_t {
   kNodes = 2,
   kTasks = 3,
   kUnits = 4,
+  kProofCommits = 5,
 };
 
 class LedgerState {
  public:
   struct Mark {
-    size_t accounts, nodes, tasks, units, globals;
+    size_t accounts, nodes, tasks, units, globals, proof_commits;
   };
 
   // The state before block 1: genesis balances minted.
@@ -155,6 +156,8 @@ class LedgerState {
   JournaledMap<Hash256, TaskRecord> tasks;
   JournaledMap<WorkUnitKey, WorkUnit> units;
   JournaledMap<uint8_t, Globals> globals;  // one row, key 0
+  // Live proof commitments (CommitProofTx), by commitment; at most kMaxProofCommitments.
+  JournaledMap<Hash256, ProofCommit> proof_commits;
 
   const Globals& g() const;
   Globals* MutableGlobals();  // journals

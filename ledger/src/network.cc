@@ -797,6 +797,7 @@ void EndBlock(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& 
                    st.ToString());
     }
   }
+  ExpireProofCommits(s, height);
 }
 
 }  // namespace meshlearn::ledger

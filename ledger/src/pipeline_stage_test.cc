@@ -1038,6 +1038,88 @@ TEST_F(PipelineVerificationTest, AStageSilentInAWhistleblowersDisputeLosesWithou
   EXPECT_GT(Node(verifier_.public_key()).earnings.jackpot, jackpot_before);
 }
 
+// A stage's check gives each dispute turn twice its step's work (stage_flops) at 100 MFLOP/s
+// (CheckResponseBlocks), at least the chain's flat dispute_response_blocks (2 here): the
+// fixture's stages of 30, 20 and 10 GFLOP a step, in blocks of 1 s, 301, 201 and 101 blocks, twice.
+TEST_F(PipelineVerificationTest, AStageChecksDisputeTurnIsTwiceItsStepsWorkAtTheTraceFloor) {
+  Start();
+  ASSERT_EQ(genesis_.block_interval_ms, 1000);
+  ASSERT_EQ(genesis_.params.dispute_response_blocks, 2u);
+  CommitStages();
+  const TaskParams p = Task().params;
+  ASSERT_EQ(p.stage_flops, (std::vector<uint64_t>{30'000'000'000, 20'000'000'000, 10'000'000'000}));
+  const uint64_t want[kStages] = {602, 402, 202};
+  for (uint32_t st = 0; st < kStages; ++st) {
+    ASSERT_TRUE(HasCheck(st)) << st;
+    EXPECT_EQ(Check(st).config().dispute_response_blocks, want[st]) << "stage " << st;
+    EXPECT_EQ(CheckResponseBlocks(genesis_, p, st), want[st]) << "stage " << st;
+  }
+}
+
+// The same with a flat turn of 5 blocks: a light stage (1 MFLOP a step: 2 x 1 block) keeps the
+// flat turn, a heavier one (300 MFLOP: 2 x 4 blocks) gets its own.
+class PipelineFlatTurnTest : public PipelineVerificationTest {
+ protected:
+  PipelineFlatTurnTest() { genesis_.params.dispute_response_blocks = 5; }
+};
+
+TEST_F(PipelineFlatTurnTest, ALightStageKeepsTheChainsFlatTurn) {
+  Start([](TaskParams& p) { p.stage_flops = {1'000'000, 300'000'000, 30'000'000'000}; });
+  CommitStages();
+  const uint64_t want[kStages] = {5, 8, 602};
+  for (uint32_t st = 0; st < kStages; ++st) {
+    ASSERT_TRUE(HasCheck(st)) << st;
+    EXPECT_EQ(Check(st).config().dispute_response_blocks, want[st]) << "stage " << st;
+  }
+}
+
+// An honest stage, disputed by a made-up claim on its step 1, that takes longer than the chain's
+// flat turn to answer (a traced replay of its step on a loaded node) but answers within its
+// stage's turn is not timed out: its post is taken and the game goes on, nobody slashed. With the
+// flat turn for every check it lost at the flat deadline, its round re-run.
+TEST_F(PipelineVerificationTest, AnHonestStageAnsweringAfterTheFlatTurnWithinItsOwnIsNotTimedOut) {
+  Start();
+  constexpr uint32_t kStage = 1;
+  const PublicKey stage = Unit(kStage).assignee;
+  CommitStages();
+  Aggregate();
+  const Sealed made_up = Mismatch(kStage, StepLeaves(kStage), 1, Blake2b("made up"));
+  ASSERT_NO_FATAL_FAILURE(VerdictsUntilDisputed(kStages, kStage, made_up, bundle_));
+  const protocol::DisputeGame g = *Check(kStage).dispute();  // a copy: Check() is a value
+  EXPECT_EQ(g.config().response_blocks, 402u);
+  const protocol::DisputeQuery q = g.query();
+  ASSERT_EQ(q.stage, protocol::DisputeStage::kDisputeOperators);
+  EXPECT_EQ(q.deadline_height, g.config().start_height + 402);
+  // The verifier answers at once; the stage is still tracing when the flat turn ends.
+  StepOk({Q(alice_, DisputePostTx{.task_id = task_id_,
+                                  .index = kStage,
+                                  .node_id = verifier_.public_key(),
+                                  .position = q.position,
+                                  .hash = Blake2b("the verifier's chain end")})});
+  const uint64_t flat_deadline = g.config().start_height + genesis_.params.dispute_response_blocks;
+  while (chain_->Height() <= flat_deadline + 5) {
+    Step();
+    ASSERT_TRUE(HasCheck(kStage)) << "timed out at height " << chain_->Height();
+    ASSERT_EQ(Check(kStage).stage(), protocol::CheckStage::kCheckDisputed);
+  }
+  const Receipt r = Step({Q(alice_, DisputePostTx{.task_id = task_id_,
+                                                  .index = kStage,
+                                                  .node_id = stage,
+                                                  .position = q.position,
+                                                  .hash = Blake2b("the stage's chain end")})})[0];
+  EXPECT_TRUE(r.ok) << r.reason;
+  EXPECT_GT(chain_->Height(), flat_deadline);
+  EXPECT_LE(chain_->Height(), q.deadline_height);
+  ASSERT_TRUE(HasCheck(kStage));
+  ASSERT_EQ(Check(kStage).stage(), protocol::CheckStage::kCheckDisputed);
+  const protocol::DisputeQuery next = Check(kStage).dispute()->query();
+  EXPECT_TRUE(next.position != q.position || next.stage != q.stage ||
+              next.deadline_height != q.deadline_height)
+      << "both posted: the game moved on";
+  EXPECT_EQ(Node(stage).reputation.slashes, 0u);
+  EXPECT_EQ(Task().verification.fraud, 0u);
+}
+
 // A stage whose step 1 is wrong (its leaf from step 1 on is not what the replay gives): the
 // verifier claims step 1, the stage does not win the ruling, and it alone is slashed; its
 // replica's round runs again without it (the spare node takes its stage), no honest stage is
@@ -1630,6 +1712,19 @@ class PipelineFraudProofTest : public PipelineRulingTest {
         ProveFraudTx{.task_id = task_id_, .index = index, .segment = step, .witness = {witness}});
   }
 
+  // The referee account's commitment to the proof of `w` (CommitProof): the bounty is the
+  // earliest committer's, so a prover commits a block before it proves.
+  Transaction CommitToProve(const StageStepWitness& w, uint32_t index = kCheat,
+                            uint32_t step = kLieStep) {
+    const ProveFraudTx proof{.task_id = task_id_,
+                             .index = index,
+                             .segment = step,
+                             .witness = {EncodeStageStepWitness(w)}};
+    return Q(referee_, CommitProofTx{.commitment = ProofCommitment(ProofWitnessId(proof),
+                                                                   referee_.public_key()),
+                                     .prover = referee_.public_key()});
+  }
+
   TestStageEvidence lie_;
   std::vector<std::vector<Hash256>> leaves_;
   StageStepWitness good_;
@@ -1700,6 +1795,7 @@ TEST_F(PipelineFraudProofTest, ALazyStagesStepIsProvenAfterTheFactAndReopensTheT
   EXPECT_EQ(Node(cheater).reputation.slashes, 0u);
 
   const Amount prover_before = Balance(referee_);
+  StepOk({CommitToProve(good_)});
   ASSERT_LE(chain_->Height() + 1, AuditWindowEnd(before, genesis_.params.audit_window_blocks));
   const std::vector<Receipt> r = Step({Prove(good_)});
   ASSERT_TRUE(r[0].ok) << r[0].reason;

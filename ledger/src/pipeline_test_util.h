@@ -332,7 +332,7 @@ class PipelineVerificationTest : public FollowedChainFixture {
                                     .node_id = verifier_.public_key(),
                                     .position = q.position,
                                     .hash = Blake2b("the verifier's chain end")})});
-    for (uint64_t i = 0; i <= genesis_.params.dispute_response_blocks + 1 && HasCheck(stage) &&
+    for (uint64_t i = 0; i <= g.config().response_blocks + 1 && HasCheck(stage) &&
                          Check(stage).stage() == protocol::CheckStage::kCheckDisputed;
          ++i) {
       Step();

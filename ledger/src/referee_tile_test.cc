@@ -2493,7 +2493,7 @@ class TileChainTest : public testing::FollowedChainFixture {
       }
       StepOk(txs);
       if (quiet) {
-        for (uint64_t i = 0; i <= genesis_.params.dispute_response_blocks; ++i) Step();
+        for (uint64_t i = 0; i <= g.config().response_blocks; ++i) Step();
       }
     }
     ADD_FAILURE() << "the game did not end";

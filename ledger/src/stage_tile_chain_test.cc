@@ -201,7 +201,7 @@ class StageTileChainTest : public PipelineRulingTest {
       }
       StepOk(txs);
       if (quiet) {
-        for (uint64_t i = 0; i <= genesis_.params.dispute_response_blocks + 1; ++i) Step();
+        for (uint64_t i = 0; i <= g.config().response_blocks + 1; ++i) Step();
       }
     }
     ADD_FAILURE() << "the game did not end";
@@ -885,7 +885,7 @@ TEST_F(StageServeNoRefereeDeadlineTest, AStageThatWithholdsAPieceStillLosesAtIts
   const StageServeRecord rec = Unit(cheat_).serve;
   ASSERT_TRUE(rec.open());
   ASSERT_LE(rec.window_end, chain_->Height() + ServeWindowBlocks(kStageBytes) +
-                                genesis_.params.dispute_response_blocks + 1);
+                                Check(cheat_).dispute()->config().response_blocks + 1);
   while (chain_->Height() < rec.window_end) {
     Step();
     ASSERT_TRUE(HasCheck(cheat_));

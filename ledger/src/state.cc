@@ -166,6 +166,16 @@ Status DecodeAccount(Decoder& d, Account* a) {
   return Status::Ok();
 }
 
+void EncodeProofCommit(Encoder& e, const ProofCommit& c) {
+  e.PutHash(c.commitment).PutPublicKey(c.prover).PutU64(c.height);
+}
+
+Status DecodeProofCommit(Decoder& d, ProofCommit* c) {
+  ML_RETURN_IF_ERROR(d.GetHash(&c->commitment, "commitment"));
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&c->prover, "prover"));
+  return d.GetU64(&c->height, "height");
+}
+
 template <typename E>
 static Status GetEnum(Decoder& d, E* out, uint8_t max, std::string_view field) {
   uint8_t v;

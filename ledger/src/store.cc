@@ -385,6 +385,13 @@ Status Store::LoadState(LedgerState* state) {
         if (s.ok()) state->units.LoadRow({u.task_id, u.index}, std::move(u));
         break;
       }
+      case StateTable::kProofCommits: {
+        ProofCommit c;
+        s = DecodeProofCommit(d, &c);
+        if (s.ok()) s = d.Finish();
+        if (s.ok()) state->proof_commits.LoadRow(c.commitment, c);
+        break;
+      }
       default:
         s = DataLoss("ledger store: unknown state table " + std::to_string(tbl));
     }
@@ -470,6 +477,16 @@ Status Store::Commit(const StoredMeta& meta, LedgerState* state, const Block* bl
         v = e.Take();
       }
       ML_RETURN_IF_ERROR(put_row(StateTable::kUnits, UnitKey(k), u ? &v : nullptr));
+    }
+    for (const Hash256& k : state->proof_commits.dirty()) {
+      const ProofCommit* c = state->proof_commits.Find(k);
+      Bytes v;
+      if (c) {
+        e = Encoder();
+        EncodeProofCommit(e, *c);
+        v = e.Take();
+      }
+      ML_RETURN_IF_ERROR(put_row(StateTable::kProofCommits, k.span(), c ? &v : nullptr));
     }
     // Globals are written every commit (one small row).
     {

@@ -90,6 +90,41 @@ size_t MaxTxBytes(TxType t) {
 }
 
 namespace {
+// One proof's witness id: the fields that say what it shows, the witness by its hash.
+Hash256 WitnessIdOf(TxType type, const Hash256& task_id, uint32_t index, uint32_t segment,
+                    ByteSpan witness) {
+  return Hasher("meshlearn.proof_witness.v1")
+      .UpdateU64(static_cast<uint64_t>(type))
+      .Update(task_id)
+      .UpdateU64(index)
+      .UpdateU64(segment)
+      .Update(Blake2b(witness))
+      .Finish();
+}
+}  // namespace
+
+Hash256 ProofWitnessId(const ProveFraudTx& tx) {
+  return WitnessIdOf(tx.kType, tx.task_id, tx.index, tx.segment, tx.witness.bytes);
+}
+Hash256 ProofWitnessId(const ProveResultTx& tx) {
+  return WitnessIdOf(tx.kType, tx.task_id, tx.index, 0, tx.witness.bytes);
+}
+Hash256 ProofWitnessId(const ProveMeritsTx& tx) {
+  return WitnessIdOf(tx.kType, tx.task_id, tx.index, tx.segment, tx.witness.bytes);
+}
+
+std::optional<Hash256> ProofWitnessIdOf(const TxPayload& payload) {
+  if (const auto* f = std::get_if<ProveFraudTx>(&payload)) return ProofWitnessId(*f);
+  if (const auto* r = std::get_if<ProveResultTx>(&payload)) return ProofWitnessId(*r);
+  if (const auto* m = std::get_if<ProveMeritsTx>(&payload)) return ProofWitnessId(*m);
+  return std::nullopt;
+}
+
+Hash256 ProofCommitment(const Hash256& witness_id, const PublicKey& prover) {
+  return Hasher("meshlearn.proof_commitment.v1").Update(witness_id).Update(prover.span()).Finish();
+}
+
+namespace {
 
 constexpr std::string_view kWitnessMagic = "meshlearn.step_witness.v1";
 constexpr std::string_view kResultWitnessMagic = "meshlearn.result_witness.v1";

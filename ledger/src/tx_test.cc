@@ -154,6 +154,7 @@ std::vector<TxPayload> SamplePayloads() {
                       .end = Blake2b("end"),
                       .bond = 70,
                       .bundle = {"[task]"}},
+      CommitProofTx{.commitment = Blake2b("commitment"), .prover = k},
   };
   return out;
 }

@@ -28,6 +28,9 @@
 //                  its pay for the unit clawed back, the prover's bounty, the round marked;
 //                  while the task is open or within its audit window after it finished, the
 //                  task is reopened and rewound as taint does (ApplyRerun)
+//   CommitProof    (proof_commits.cc) a prover's commitment to the witness of a ProveFraud,
+//                  ProveResult or ProveMerits it will send: each pays its bounty to the earliest
+//                  committer to its witness (TakeProofCommitter), not to whoever sent it first
 //   LateChallenge  after the fact, for a unit whose segment witness does not fit a ProveFraud:
 //                  opens a DisputeGame on the unit of a final round (WorkUnit::late), the solver
 //                  against the sender, whose moves are DisputePost / DisputeChildren and whose
@@ -664,7 +667,9 @@ Status OpenUnitCheck(ExecContext& ctx, const Hash256& task_id, uint32_t index,
   cfg.commit_height = ctx.height;
   cfg.commit_blocks = p.verdict_commit_blocks;
   cfg.reveal_blocks = p.verdict_reveal_blocks;
-  cfg.dispute_response_blocks = p.dispute_response_blocks;
+  // A stage's turns fit a traced replay of its step (CheckResponseBlocks); a unit's are the
+  // chain's flat dispute_response_blocks.
+  cfg.dispute_response_blocks = CheckResponseBlocks(ctx.genesis, t->params, index);
   cfg.verifiers_per_unit = p.verifiers_per_unit;
   cfg.referee_blocks = p.referee_blocks;
   cfg.tolerance = t->params.tolerance_rel_l2_ppm != 0 || t->params.tolerance_cosine_gap_ppb != 0;
@@ -1048,11 +1053,31 @@ Amount LateChallengeMinBond(const TaskRecord& t, const WorkUnit& u) {
   return AssignedUnitCost(t, u);
 }
 
+uint64_t BlocksForFlops(const Genesis& g, uint64_t flops, uint64_t flops_per_second) {
+  const uint64_t ms = flops / std::max<uint64_t>(flops_per_second / 1000, 1) + 1;
+  const uint64_t interval = std::max<uint64_t>(SchedulerParamsOf(g).block_interval_ms, 1);
+  return ms / interval + 1;
+}
+
 uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t) {
   const uint64_t flops = protocol::UnitFlops(TaskSpecViewOf(t.id, t.params, t.price_cap));
-  const uint64_t ms = flops / (kLateFloorFlopsPerSecond / 1000) + 1;
-  const uint64_t interval = std::max<uint64_t>(SchedulerParamsOf(g).block_interval_ms, 1);
-  return std::max(g.params.dispute_response_blocks, ms / interval + 1);
+  return std::max(g.params.dispute_response_blocks,
+                  BlocksForFlops(g, flops, kLateFloorFlopsPerSecond));
+}
+
+// The throughput a stage dispute's turns are sized by. A party answers a stage step's dispute
+// from that step traced (its operator trace and every operator's tile roots), which costs two to
+// five times a plain step (docs/verification.md's verify_referee bench: the 10M GPT's step 1.7 s,
+// traced 3.3 s), on a node whose cores its own stage unit shares (the devnet's lazy stage, at
+// load 30, traced a step of 1.5 to 2.8 GFLOP in 21 s): 100 MFLOP/s, a tenth of the late game's
+// plain re-run floor.
+constexpr uint64_t kStageTraceFloorFlopsPerSecond = 100'000'000;
+
+uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t index) {
+  if (!IsPipelineTask(p)) return g.params.dispute_response_blocks;
+  const uint64_t flops = p.stage_flops.at(StageSlotOf(p, index).stage);
+  return std::max(g.params.dispute_response_blocks,
+                  2 * BlocksForFlops(g, flops, kStageTraceFloorFlopsPerSecond));
 }
 
 Result<protocol::DisputeGame> LoadLateGame(const WorkUnit& u) {
@@ -1116,7 +1141,7 @@ Status CreditJackpot(LedgerState& s, Amount amount) {
 
 Status ApplyProvenFraud(LedgerState& s, const ChainParams& p, uint64_t height,
                         const Hash256& task_id, uint32_t index, uint32_t segment,
-                        const PublicKey& prover, bool bounty);
+                        const PublicKey& prover, const std::optional<PublicKey>& payee);
 
 // Closes the late game on unit `index` (its record and the task's entry) and returns what it held.
 LateGame CloseLateGame(LedgerState& s, const Hash256& task_id, uint32_t index) {
@@ -1143,8 +1168,11 @@ Status SettleLateGame(LedgerState& s, const ChainParams& p, uint64_t height,
   ML_LOG_INFO("ledger: task {} unit {}: late game of {} on segment {} ended: {}",
               task_id.ShortHex(), index, late.challenger.ShortHex(), late.segment, o.reason);
   if (!o.undecided && !o.defender_honest) {
-    ML_RETURN_IF_ERROR(ApplyProvenFraud(s, p, height, task_id, index, late.segment,
-                                        late.challenger, o.challenger_honest));
+    // The game's challenger played it under its bond: the bounty is its (no copier can take a
+    // game's win), unless it lied too.
+    ML_RETURN_IF_ERROR(ApplyProvenFraud(
+        s, p, height, task_id, index, late.segment, late.challenger,
+        o.challenger_honest ? std::optional<PublicKey>(late.challenger) : std::nullopt));
     return o.challenger_honest ? Credit(s, late.challenger, late.bond)
                                : CreditJackpot(s, late.bond);
   }
@@ -1432,7 +1460,10 @@ Status ExecuteProveMerits(ExecContext& ctx, const ProveMeritsTx& tx) {
   }
   // The window, the segment and the prover first (cheap; the check is saved only if shown).
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
-  Result<CheckEffects> fx = c.OnMeritsShown(tx.node_id, tx.segment, ctx.height);
+  // The bounty: the earliest node that committed to this witness (TakeProofCommitter).
+  const std::optional<PublicKey> payee = TakeProofCommitter(
+      ctx.state, ProofWitnessId(tx), tx.node_id, ctx.height, /*nodes_only=*/true);
+  Result<CheckEffects> fx = c.OnMeritsShown(tx.node_id, tx.segment, ctx.height, payee);
   if (!fx.ok()) return fx.status().WithPrefix("prove merits");
   Result<SegmentWitness> w = DecodeSegmentWitness(tx.witness.bytes);
   if (!w.ok()) return w.status().WithPrefix("prove merits");
@@ -1512,6 +1543,14 @@ Result<GameAtReferee> GameAtRefereeOf(const LedgerState& s, const Hash256& task_
                                 std::string(protocol::DisputeStageName(g.stage())) + ")");
     }
     return GameAtReferee{.unit = u, .check = std::nullopt, .late = std::move(g)};
+  }
+  // A closed task's units are disputed only by late games: "the task is finished" would hide
+  // why there is nothing to rule (most often the other party's witness ruled the game first).
+  if (const TaskRecord* t = s.tasks.Find(task_id); t != nullptr && t->status != TaskStatus::kOpen) {
+    return FailedPrecondition(std::string(what) + ": unit " + std::to_string(index) + " of task " +
+                              task_id.ShortHex() + " (" + std::string(TaskStatusName(t->status)) +
+                              ") has no late game waiting for the referee: none was opened on it, "
+                              "or it is ruled already");
   }
   ML_ASSIGN_OR_RETURN(RefereeStage r, DisputeAtReferee(s, task_id, index, what));
   return GameAtReferee{.unit = r.unit, .check = std::move(r.check), .late = std::nullopt};
@@ -1852,7 +1891,10 @@ Status ExecuteProveResult(ExecContext& ctx, const ProveResultTx& tx) {
                               " is the delta of its committed final state; nothing to prove");
   }
   ML_ASSIGN_OR_RETURN(UnitCheck c, LoadCheck(*u));
-  ML_ASSIGN_OR_RETURN(CheckEffects fx, c.OnResultDisproved(tx.node_id, ctx.height));
+  // The bounty: the earliest node that committed to this witness (TakeProofCommitter).
+  const std::optional<PublicKey> payee = TakeProofCommitter(
+      ctx.state, ProofWitnessId(tx), tx.node_id, ctx.height, /*nodes_only=*/true);
+  ML_ASSIGN_OR_RETURN(CheckEffects fx, c.OnResultDisproved(tx.node_id, ctx.height, payee));
   SaveCheck(ctx.state, tx.task_id, tx.index, c);
   Rerun rerun;
   ML_RETURN_IF_ERROR(ApplyEffects(ctx.state, ctx.params(), tx.task_id, tx.index, c, fx, &rerun));
@@ -1927,12 +1969,13 @@ Status SolverAnswerable(const LedgerState& s, const TaskRecord& t, const WorkUni
 }
 
 // What a unit proven fraudulent after its round was final costs its solver (ProveFraud, and a late
-// dispute ruled for its challenger): see ProveFraudTx. `prover` gets the bounty when `bounty`
-// (not when a late game's challenger lied too). REQUIRES: the unit is paid, of a final round, and
+// dispute ruled for its challenger): see ProveFraudTx. `prover` sent the proof; `payee` gets the
+// bounty (a ProveFraud's earliest committer, TakeProofCommitter; a late game's challenger unless
+// it lied too); none: it stays in the jackpot. REQUIRES: the unit is paid, of a final round, and
 // not proven already.
 Status ApplyProvenFraud(LedgerState& s, const ChainParams& p, uint64_t height,
                         const Hash256& task_id, uint32_t index, uint32_t segment,
-                        const PublicKey& prover, bool bounty) {
+                        const PublicKey& prover, const std::optional<PublicKey>& payee) {
   const TaskRecord* t = s.tasks.Find(task_id);
   const WorkUnit* u = s.units.Find({task_id, index});
   const PublicKey solver = u->assignee;
@@ -1989,16 +2032,17 @@ Status ApplyProvenFraud(LedgerState& s, const ChainParams& p, uint64_t height,
   // A whistleblower's reward (at most one slash, never more than the pool holds), capped by what
   // this slash took; nothing to the solver, its owner or the owner's other nodes
   // (LinkedToCheater): proving one's own fraud gets none of the slash back.
-  f.bounty = bounty && !LinkedToCheater(s, solver, prover) ? std::min(f.slashed, s.g().jackpot) : 0;
-  if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(s, prover, f.bounty));
+  f.bounty = payee && !LinkedToCheater(s, solver, *payee) ? std::min(f.slashed, s.g().jackpot) : 0;
+  if (f.bounty > 0) ML_RETURN_IF_ERROR(PayFromJackpot(s, *payee, f.bounty));
   TaskRecord* mt = s.tasks.FindMutable(task_id);
   mt->verification.slashed += f.slashed;
   mt->verification.redo_escrow += to_escrow;
   mt->verification.proven_frauds.push_back(f);
   ML_LOG_INFO(
       "ledger: task {} unit {} (round {}): fraud proven after the fact in segment {}: "
-      "slashed {}, clawed back {}, bounty {}{}",
+      "slashed {}, clawed back {}, bounty {} to {}{}",
       task_id.ShortHex(), index, f.round, segment, f.slashed, f.clawed_back, f.bounty,
+      payee ? payee->ShortHex() : std::string("nobody (no commitment: it stays in the jackpot)"),
       f.rewound ? (reopen ? ", task reopened" : "") + std::string(", rewound to round ") +
                       std::to_string(f.rewound_to)
                 : std::string(", after the audit window: the model stays"));
@@ -2090,8 +2134,11 @@ Status ExecuteProveFraud(ExecContext& ctx, const ProveFraudTx& tx) {
                               " replays to its committed " + (stage ? "leaf " : "end ") +
                               committed.ShortHex() + "; nothing to prove");
   }
+  // The bounty: the earliest committer to this witness, not whoever sent it first.
+  const std::optional<PublicKey> payee = TakeProofCommitter(
+      ctx.state, ProofWitnessId(tx), ctx.tx.sender, ctx.height, /*nodes_only=*/false);
   return ApplyProvenFraud(ctx.state, ctx.params(), ctx.height, tx.task_id, tx.index, tx.segment,
-                          ctx.tx.sender, /*bounty=*/true);
+                          ctx.tx.sender, payee);
 }
 
 Status ExecuteLateChallenge(ExecContext& ctx, const LateChallengeTx& tx) {

@@ -84,6 +84,11 @@ class VerificationTest : public FollowedChainFixture {
 
   // A node's transaction, signed by its owner.
   Transaction N(const KeyPair& node, TxPayload p) { return Q(*owner_.at(node.public_key()), p); }
+  // Commit, then prove (CommitProofTx): the commitment to `proof` for `prover` (an account's own
+  // key, sent with Q, or a node's, sent by its owner with N).
+  static CommitProofTx CommitOf(const TxPayload& proof, const PublicKey& prover) {
+    return {.commitment = ProofCommitment(*ProofWitnessIdOf(proof), prover), .prover = prover};
+  }
 
   void StepOk(std::vector<Transaction> txs) {
     for (const Receipt& r : Step(std::move(txs))) EXPECT_TRUE(r.ok) << r.reason;
@@ -901,6 +906,13 @@ TEST_F(VerificationTest, ALazySolverThatDoesNotDefendIsSlashedAndTheRoundReruns)
   Start();
   const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
   CommitAndDispute(lazy, honest);
+  // A unit's dispute turns are the chain's flat dispute_response_blocks, whatever its work (32
+  // GFLOP: a stage step of that work would get 2 x 321 blocks, CheckResponseBlocks).
+  EXPECT_EQ(Check(lazy).config().dispute_response_blocks, genesis_.params.dispute_response_blocks);
+  EXPECT_EQ(Check(lazy).dispute()->config().response_blocks,
+            genesis_.params.dispute_response_blocks);
+  EXPECT_EQ(CheckResponseBlocks(genesis_, Task().params, static_cast<uint32_t>(lazy)),
+            genesis_.params.dispute_response_blocks);
   const Amount escrow_before = Task().escrow;
   const Amount v1_balance = Balance(carol_);
   // The verifier answers every turn with the true state; the cheater is silent and loses.
@@ -1265,8 +1277,15 @@ TEST_F(RealTrainingTest, AResultThatIsNotTheDeltaOfTheFinalStateIsProvenFraud) {
   ASSERT_GE(u, 0);
   TrainUnit(static_cast<uint32_t>(u));
   const Hash256 true_result = TrueResult();
+  // v1 commits to its result proof (CommitProof) as the unit commits: the bounty is the earliest
+  // committer's, and the proof comes a block later.
   StepOk({CommitTx(u, TrueLeaves(), Blake2b("a garbage delta")),
-          CommitTx(other, Leaves(other, false))});
+          CommitTx(other, Leaves(other, false)),
+          N(v1_, CommitOf(ProveResultTx{.task_id = task_id_,
+                                        .index = static_cast<uint32_t>(u),
+                                        .node_id = v1_.public_key(),
+                                        .witness = {EncodeResultWitness(ResultProof())}},
+                          v1_.public_key()))});
   pending_secrets_.clear();
   auto prove = [&](const KeyPair& by, uint32_t index, const ResultWitness& w) {
     return N(by, ProveResultTx{.task_id = task_id_, .index = index, .node_id = by.public_key(),
@@ -1388,12 +1407,28 @@ class FraudProofTest : public RealTrainingTest {
     }
     return w;
   }
+  ProveFraudTx FraudProof(uint32_t segment, const SegmentWitness& w,
+                          std::optional<uint32_t> index = std::nullopt) const {
+    return ProveFraudTx{.task_id = task_id_,
+                        .index = index.value_or(static_cast<uint32_t>(u_)),
+                        .segment = segment,
+                        .witness = {EncodeSegmentWitness(w)}};
+  }
   Transaction Prove(const KeyPair& sender, uint32_t segment, const SegmentWitness& w,
                     std::optional<uint32_t> index = std::nullopt) {
-    return Q(sender, ProveFraudTx{.task_id = task_id_,
-                                  .index = index.value_or(static_cast<uint32_t>(u_)),
-                                  .segment = segment,
-                                  .witness = {EncodeSegmentWitness(w)}});
+    return Q(sender, FraudProof(segment, w, index));
+  }
+  // `prover`'s commitment to the proof of `segment` from `w` (Prove's), sent by itself.
+  Transaction CommitToProve(const KeyPair& prover, uint32_t segment, const SegmentWitness& w) {
+    return Q(prover, CommitOf(FraudProof(segment, w), prover.public_key()));
+  }
+  // The ProveMerits of `node` (its owner sends it: N).
+  ProveMeritsTx Merits(const KeyPair& node, uint32_t segment, const SegmentWitness& w) const {
+    return ProveMeritsTx{.task_id = task_id_,
+                         .index = static_cast<uint32_t>(u_),
+                         .node_id = node.public_key(),
+                         .segment = segment,
+                         .witness = {EncodeSegmentWitness(w)}};
   }
   void Refused(Transaction tx, const std::string& why) {
     const TaskRecord before = Task();
@@ -1458,7 +1493,9 @@ TEST_F(FraudProofTest, ASegmentThatDoesNotReplayToItsLeafIsProvenAfterTheFact) {
           "segment witness");
   EXPECT_EQ(Node(s1_).reputation.slashes, 0u);
 
-  // The true witness of segment 1: the ledger's replay ends at states_[4], not the leaf.
+  // The true witness of segment 1: the ledger's replay ends at states_[4], not the leaf. Its
+  // prover commits to it a block before (CommitProof): the bounty is the earliest committer's.
+  StepOk({CommitToProve(dave_, 1, SegmentProof(1))});
   StepOk({Prove(dave_, 1, SegmentProof(1))});
   const NodeRecord s1 = Node(s1_);
   EXPECT_EQ(s1.status, NodeStatus::kJailed);
@@ -1537,6 +1574,231 @@ TEST_F(FraudProofTest, ACheaterProvingItsOwnFraudGetsNoneOfItsSlashBack) {
   EXPECT_EQ(after.balances, before.balances + f.clawed_back);
   EXPECT_EQ(Balance(gina_), gina_before + f.clawed_back);
   ExpectEarningsAddUpToTheTask();
+}
+
+// ---- Commit, then prove (CommitProofTx; docs/verification.md, "Commit, then prove").
+//
+// A ProveFraud is public once sent, and a copier may send the same witness under its own key
+// first. The bounty goes to the earliest committer to the witness whose commitment is at least a
+// block older than the proof: dave commits first; erin, the copier, commits a block later (after
+// dave's proof would have been public) and gets its copy in ahead of dave's proof. The slash
+// happens on erin's proof, the bounty is dave's, and dave's own proof is refused (proven already).
+// Until the rule, the bounty went to whoever sent the proof first: erin.
+TEST_F(FraudProofTest, ACopierWhoSendsTheWitnessFirstButCommittedLaterGetsNoBounty) {
+  RunPoisonedTask();
+  const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
+  while (chain_->Height() + 1 <= window_end) Step();
+  const Totals before = chain_->GetTotals();
+  const Amount dave_before = Balance(dave_), erin_before = Balance(erin_);
+  StepOk({CommitToProve(dave_, 1, SegmentProof(1))});
+  StepOk({CommitToProve(erin_, 1, SegmentProof(1))});
+  const std::vector<Receipt> r =
+      Step({Prove(erin_, 1, SegmentProof(1)), Prove(dave_, 1, SegmentProof(1))});
+  ASSERT_EQ(r.size(), 2u);
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_FALSE(r[1].ok);
+  EXPECT_NE(r[1].reason.find("proven fraudulent at height"), std::string::npos) << r[1].reason;
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_EQ(f.prover, erin_.public_key());  // who sent the proof that ruled
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+  EXPECT_GT(f.bounty, 0u);
+  EXPECT_EQ(Balance(dave_), dave_before + f.bounty);  // the earliest committer
+  EXPECT_EQ(Balance(erin_), erin_before);             // the copier: nothing
+  const Totals after = chain_->GetTotals();
+  EXPECT_TRUE(after.Check().ok());
+  EXPECT_EQ(after.minted, before.minted);
+  const Amount to_jackpot = BasisPoints(f.slashed, genesis_.params.slash_jackpot_bps);
+  EXPECT_EQ(after.jackpot, before.jackpot + to_jackpot - f.bounty);
+  EXPECT_EQ(after.treasury, before.treasury + f.slashed - to_jackpot);
+  ExpectEarningsAddUpToTheTask();
+}
+
+// A commitment in the proof's own block is not a block older than it, so it counts nothing: a
+// copier that sees a proof in the mempool could otherwise commit and send its copy in one block.
+// With no other commitment the proof still rules (the solver slashed and jailed, its pay clawed
+// back) and its bounty stays in the jackpot: every token accounted for.
+TEST_F(FraudProofTest, ACommitmentInTheProofsOwnBlockCountsNothingAndTheBountyStaysInTheJackpot) {
+  RunPoisonedTask();
+  const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
+  while (chain_->Height() + 1 <= window_end) Step();
+  const Totals before = chain_->GetTotals();
+  const Amount erin_before = Balance(erin_), gina_before = Balance(gina_);
+  const std::vector<Receipt> r =
+      Step({CommitToProve(erin_, 1, SegmentProof(1)), Prove(erin_, 1, SegmentProof(1))});
+  ASSERT_EQ(r.size(), 2u);
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  ASSERT_TRUE(r[1].ok) << r[1].reason;
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_EQ(f.prover, erin_.public_key());
+  EXPECT_EQ(f.slashed, protocol::SlashAmount(UnitCost(t, Unit(u_).price), kSlashMultiple));
+  EXPECT_EQ(f.bounty, 0u);
+  EXPECT_EQ(Balance(erin_), erin_before);
+  EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+  EXPECT_EQ(Balance(gina_), gina_before + f.clawed_back);
+  const Totals after = chain_->GetTotals();
+  EXPECT_TRUE(after.Check().ok());
+  EXPECT_EQ(after.minted, before.minted);
+  const Amount to_jackpot = BasisPoints(f.slashed, genesis_.params.slash_jackpot_bps);
+  EXPECT_EQ(after.jackpot, before.jackpot + to_jackpot);
+  EXPECT_EQ(after.treasury, before.treasury + f.slashed - to_jackpot);
+  EXPECT_EQ(after.balances, before.balances + f.clawed_back);
+  ExpectEarningsAddUpToTheTask();
+}
+
+// A commitment counts for kProofCommitmentBlocks blocks after its own, then is dropped (EndBlock):
+// the same commitment again while it is kept is a replay and refused; a proof after it expired
+// is paid nothing (the bounty stays in the jackpot).
+TEST_F(FraudProofTest, AReplayedCommitmentIsRefusedAndAnExpiredOneCountsNothing) {
+  RunPoisonedTask();
+  const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
+  while (chain_->Height() + 1 <= window_end) Step();
+  const Amount dave_before = Balance(dave_);
+  StepOk({CommitToProve(dave_, 1, SegmentProof(1))});
+  const uint64_t committed_at = chain_->Height();
+  const Receipt replay = Step({CommitToProve(dave_, 1, SegmentProof(1))})[0];
+  EXPECT_EQ(replay.code, StatusCode::kAlreadyExists) << replay.reason;
+  EXPECT_NE(replay.reason.find("was made at height " + std::to_string(committed_at)),
+            std::string::npos)
+      << replay.reason;
+  while (chain_->Height() < committed_at + kProofCommitmentBlocks) Step();
+  StepOk({Prove(dave_, 1, SegmentProof(1))});  // one block past the last that counted it
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  EXPECT_EQ(t.verification.proven_frauds[0].bounty, 0u);
+  EXPECT_EQ(Balance(dave_), dave_before);
+  EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+}
+
+// The ProveResult path: v2 copies v1's result proof and sends it first without ever committing;
+// v1 committed a block before, so v1's owner gets the bounty and v2's owner nothing.
+TEST_F(RealTrainingTest, AResultProofsBountyIsTheEarliestCommittersNotTheFirstSenders) {
+  Start(/*verifiers=*/2);
+  const int u = UnitOf(s1_), other = UnitOf(s2_);
+  ASSERT_GE(u, 0);
+  TrainUnit(static_cast<uint32_t>(u));
+  StepOk({CommitTx(u, TrueLeaves(), Blake2b("a garbage delta")),
+          CommitTx(other, Leaves(other, false))});
+  pending_secrets_.clear();
+  auto proof = [&](const KeyPair& by) {
+    return ProveResultTx{.task_id = task_id_,
+                         .index = static_cast<uint32_t>(u),
+                         .node_id = by.public_key(),
+                         .witness = {EncodeResultWitness(ResultProof())}};
+  };
+  StepOk({N(v1_, CommitOf(proof(v1_), v1_.public_key()))});
+  const Amount carol_before = Balance(carol_), dave_before = Balance(dave_);
+  const std::vector<Receipt> r = Step({N(v2_, proof(v2_)), N(v1_, proof(v1_))});
+  ASSERT_EQ(r.size(), 2u);
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_FALSE(r[1].ok);  // the unit is being re-run already
+  EXPECT_EQ(Node(s1_).reputation.slashes, 1u);
+  const Amount slashed = Node(s1_).earnings.slashed, bounty = Node(v1_).earnings.jackpot;
+  EXPECT_GT(bounty, 0u);
+  EXPECT_LE(bounty, slashed);
+  EXPECT_EQ(Balance(carol_), carol_before + bounty);
+  EXPECT_EQ(Node(v2_).earnings.jackpot, 0u);
+  EXPECT_EQ(Balance(dave_), dave_before);
+  ExpectEarningsAddUpToTheTask();
+}
+
+// CommitProof's own refusals, each naming what is wrong: an all-zero commitment, a prover that is
+// neither the sender nor a node of the sender's, a replay, and a prover over its bound.
+TEST_F(VerificationTest, ACommitProofIsRefusedWhenMalformedReplayedOrOverItsBound) {
+  Start(/*verifiers=*/2);
+  auto commit = [&](const KeyPair& by, const Hash256& c, const PublicKey& prover) {
+    return Q(by, CommitProofTx{.commitment = c, .prover = prover});
+  };
+  auto refused = [&](Transaction tx, StatusCode code, const std::string& why) {
+    const Receipt r = Step({std::move(tx)})[0];
+    EXPECT_FALSE(r.ok) << why;
+    EXPECT_EQ(r.code, code) << r.reason;
+    EXPECT_NE(r.reason.find(why), std::string::npos) << r.reason;
+  };
+  const PublicKey dave = dave_.public_key();
+  refused(commit(dave_, Hash256{}, dave), StatusCode::kInvalidArgument, "all zeros");
+  refused(commit(dave_, Blake2b("c"), erin_.public_key()), StatusCode::kNotFound,
+          "is not registered");
+  refused(commit(dave_, Blake2b("c"), v1_.public_key()), StatusCode::kPermissionDenied,
+          "the sender must be node");
+  // dave's own key, and its node v2 (N: dave signs).
+  StepOk({commit(dave_, Blake2b("c"), dave),
+          N(v2_, CommitProofTx{.commitment = Blake2b("n"), .prover = v2_.public_key()})});
+  refused(commit(dave_, Blake2b("c"), dave), StatusCode::kAlreadyExists, "already");
+  std::vector<Transaction> more;
+  for (uint32_t i = 1; i < kMaxProofCommitmentsPerSender; ++i) {
+    more.push_back(commit(dave_, Blake2b("c" + std::to_string(i)), dave));
+  }
+  StepOk(std::move(more));
+  refused(commit(dave_, Blake2b("one too many"), dave), StatusCode::kResourceExhausted,
+          "the most one key may");
+  // The bound is the prover's: dave's node still commits.
+  StepOk({N(v2_, CommitProofTx{.commitment = Blake2b("n2"), .prover = v2_.public_key()})});
+}
+
+// TakeProofCommitter and ExpireProofCommits on a bare state: the earliest commitment to the
+// witness at least a block older than the proof and not expired is the bounty's (ties: the
+// proof's own prover); for a node's proof only a registered node's commitment counts; the
+// witness's commitments are spent by the proof; another witness's stay. And the state hash of a
+// chain with no commitment kept is what it was before the table existed.
+TEST(ProofCommitTest, TheBountyIsTheEarliestCommitmentABlockOlderAndNotExpired) {
+  const Hash256 wid = Blake2b("witness"), other = Blake2b("another witness");
+  const PublicKey a = TestKey(1).public_key(), b = TestKey(2).public_key(),
+                  c = TestKey(3).public_key();
+  auto put = [](LedgerState& s, const Hash256& w, const PublicKey& p, uint64_t h) {
+    const Hash256 k = ProofCommitment(w, p);
+    s.proof_commits.Put(k, ProofCommit{.commitment = k, .prover = p, .height = h});
+  };
+  {
+    LedgerState s;
+    put(s, wid, a, 10);
+    put(s, wid, b, 9);
+    put(s, other, c, 5);
+    EXPECT_EQ(TakeProofCommitter(s, wid, a, 11, false), b);
+    EXPECT_EQ(s.proof_commits.rows().size(), 1u);  // only the other witness's is left
+    EXPECT_EQ(TakeProofCommitter(s, wid, a, 12, false), std::nullopt);
+  }
+  for (uint64_t h : {10, 9}) {  // the proof's own block, and before the commitment
+    LedgerState s;
+    put(s, wid, a, 10);
+    EXPECT_EQ(TakeProofCommitter(s, wid, a, h, false), std::nullopt) << h;
+  }
+  {
+    LedgerState s;
+    put(s, wid, a, 10);
+    EXPECT_EQ(TakeProofCommitter(s, wid, b, 10 + kProofCommitmentBlocks, false), a);
+    put(s, wid, a, 10);
+    EXPECT_EQ(TakeProofCommitter(s, wid, b, 11 + kProofCommitmentBlocks, false), std::nullopt);
+  }
+  for (const PublicKey& sender : {a, b}) {  // a tie goes to the proof's own prover
+    LedgerState s;
+    put(s, wid, a, 10);
+    put(s, wid, b, 10);
+    EXPECT_EQ(TakeProofCommitter(s, wid, sender, 11, false), sender);
+  }
+  {
+    LedgerState s;
+    put(s, wid, a, 10);
+    EXPECT_EQ(TakeProofCommitter(s, wid, a, 11, /*nodes_only=*/true), std::nullopt);
+    put(s, wid, a, 10);
+    s.nodes.Put(a, NodeRecord{.id = a, .owner = c});
+    EXPECT_EQ(TakeProofCommitter(s, wid, a, 11, /*nodes_only=*/true), a);
+  }
+  {
+    LedgerState s = LedgerState::FromGenesis(Genesis{});
+    const Hash256 empty = s.Hash();
+    put(s, wid, a, 10);
+    EXPECT_NE(s.Hash(), empty);
+    ExpireProofCommits(s, 9 + kProofCommitmentBlocks);  // a proof at 10 + K may still count it
+    EXPECT_EQ(s.proof_commits.rows().size(), 1u);
+    ExpireProofCommits(s, 10 + kProofCommitmentBlocks);
+    EXPECT_TRUE(s.proof_commits.rows().empty());
+    EXPECT_EQ(s.Hash(), empty);
+  }
 }
 
 // Who the ledger links to a cheater (and pays no reward for proving it): the cheater's node key,
@@ -1825,10 +2087,13 @@ TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsS
   // Before any dispute there are no merits to show.
   Receipt early = Step({merits(wb_, 1, SegmentProof(1))})[0];
   EXPECT_EQ(early.code, StatusCode::kFailedPrecondition) << early.reason;
+  // The whistleblower commits to its merits as it challenges (CommitProof: the merits window is
+  // one block here, and the bounty is the earliest committer's).
   StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
                                  .index = ui,
                                  .node_id = wb_.public_key(),
-                                 .claim = ClaimOf(poisoned_, 1, states_[4])})});
+                                 .claim = ClaimOf(poisoned_, 1, states_[4])}),
+          N(wb_, CommitOf(Merits(wb_, 1, SegmentProof(1)), wb_.public_key()))});
   PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
   ASSERT_TRUE(HasCheck(ui));
   ASSERT_TRUE(Check(ui).awaits_merits()) << Check(ui).reason();
@@ -1987,10 +2252,12 @@ TEST_F(FraudProofTest, AVerifierShowsTheMeritsTheWhistleblowerKeptBack) {
   const uint32_t ui = static_cast<uint32_t>(u_);
   const KeyPair& stamp = VerifierOf(ui);
   const KeyPair& prover = &stamp == &v1_ ? v2_ : v1_;
+  // The verifier commits to the merits it will show (CommitProof) before the one-block window.
   StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_,
                                  .index = ui,
                                  .node_id = wb_.public_key(),
-                                 .claim = ClaimOf(poisoned_, 1, states_[4])})});
+                                 .claim = ClaimOf(poisoned_, 1, states_[4])}),
+          N(prover, CommitOf(Merits(prover, 1, SegmentProof(1)), prover.public_key()))});
   PlayDispute(ui, nullptr, [&](uint64_t s) { return states_.at(s); });
   ASSERT_TRUE(Check(ui).awaits_merits()) << Check(ui).reason();
   const Amount prover_before = Balance(*owner_.at(prover.public_key()));
@@ -2139,6 +2406,12 @@ TEST_P(LateGameTest, TheLateGameRulesForTheHonestSideAndSilenceLoses) {
     EXPECT_EQ(ruled.tx_id, TxId(ruling));
     EXPECT_EQ(ruled.challenger, dave_.public_key());
     EXPECT_EQ(ruled.defender_honest, !true_challenge);
+    // The other party's witness, a block late: the game is closed, and the refusal says so.
+    std::vector<Receipt> again =
+        Step({RefereeStep(erin_, static_cast<uint32_t>(u_), Witness(step))});
+    EXPECT_FALSE(again[0].ok);
+    EXPECT_NE(again[0].reason.find("has no late game waiting for the referee"), std::string::npos)
+        << again[0].reason;
   }
   Step();
   // The game is over, its bond paid out, nothing left on the unit.

@@ -9,6 +9,7 @@
 // back to the submitter and the rounds are marked.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -16,6 +17,7 @@
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/task_audit.h"
+#include "meshlearn/node/task_bundle.h"
 #include "testing/verification_sim.h"
 
 namespace meshlearn::node {
@@ -89,20 +91,13 @@ std::function<json(const AuditUnit&, const BuiltSegmentWitness&)> ProveWithSubmi
     SimHarness& sim, int* sent) {
   return [&sim, sent](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
     ++*sent;
-    Result<Hash256> id = sim.submitter_tx().Send(
+    Result<TxOutcome> out = sim.ProveAsSubmitter(
         ledger::ProveFraudTx{.task_id = sim.task_id(),
                              .index = u.index,
                              .segment = w.segment,
                              .witness = {ledger::EncodeSegmentWitness(w.witness)}});
-    if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
-    for (int i = 0; i < 5 && sim.submitter_tx().IsInFlight(*id); ++i) {
-      EXPECT_TRUE(sim.Step().ok());
-      EXPECT_TRUE(sim.submitter_tx().Poll().ok());
-    }
-    for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
-      if (out.id == *id) return {{"ok", out.ok}, {"error", out.reason}};
-    }
-    return {{"ok", false}, {"error", "not included"}};
+    if (!out.ok()) return {{"ok", false}, {"error", out.status().message()}};
+    return {{"ok", out->ok}, {"error", out->reason}};
   };
 }
 
@@ -333,6 +328,255 @@ TEST(FraudProofSimTest, TheAuditorPlaysLateGamesAgainstTheSolversNodesAndTheHone
   EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
+// The late dispute of a model whose segment witness really is over 8 MiB, played to a tile (issue
+// 16; docs/verification.md, "Over 8 MiB: a late dispute"): a 256 -> 5120 -> 4 MLP with AdamW,
+// 1,336,324 parameters (its AdamW state 16,035,888 bytes), so that even a first segment's witness
+// (the round's start state and two batches: 10,734,576 bytes) is over kMaxWitnessBytes and no
+// ProveFraud can carry one, and whose mismatch must carry the task bundle (MismatchNeedsBundle):
+// the game goes on from the step to an operator and one tile of it. Node 0 is a lazy solver
+// whose checks are rubber-stamped (nodes 2 and 3 approve without replaying), so it is paid for
+// every unit. After the task's audit window the audit, at the real witness bound,
+// challenges each lazy unit late, and an honest unit of node 1 with a false end; the auditor, an
+// account, plays the challenger's side from its own re-execution (its trace of the disputed step,
+// its moves and tile witness signed by its key), the solvers' nodes defend from theirs (a final
+// round's: they re-run the unit from the round's start state, which they keep for the game). The
+// ledger rules every game itself (RefereeTile: a tile for the lazy units, the roots of the step for
+// the false challenge; no referee key): the lazy solver slashed and jailed, the auditor's bonds
+// back with a bounty each; the honest solver wins its game and the false challenge's bond. The
+// auditor's account and the lazy node are restarted in the tile phase and play on.
+constexpr int64_t kWideDim = 256, kWideHidden = 5120;
+
+TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByTheLedger) {
+  constexpr uint64_t kSeed = 3;
+  MemEnv env;
+  Result<std::string> toml =
+      testing::WriteSyntheticTask(&env, "/data", kSeed, 480, 160, kWideDim, /*classes=*/4,
+                                  /*rounds=*/2, /*units=*/2, /*H=*/4, /*k=*/2, "mean", kWideHidden);
+  ASSERT_TRUE(toml.ok()) << toml.status().ToString();
+  SimOptions o{
+      .seed = kSeed, .nodes = 4, .task_toml = *toml, .log = testing::SimLog(), .env = &env};
+  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                    {.roles = ledger::kRoleVerifier},
+                    {.roles = ledger::kRoleVerifier}};
+  o.tweak_genesis = [](ledger::Genesis& g) {
+    g.params.verification = true;
+    g.params.forced_error_per_million = 0;  // a forced error would unmask the rubber stamps
+    g.params.verifiers_per_unit = 1;
+  };
+  o.agent_options = [](int i, AgentOptions& a) {
+    if (i == 0) a.adversary = Adversary::kLazy;
+    if (i >= 2) a.adversary = Adversary::kRubberStamp;
+    // The nodes let a finished task's blobs go as soon as its audit window closes: the games
+    // must keep them.
+    a.release_after_blocks = 0;
+  };
+  SimHarness sim(o);
+  Status s = sim.Setup();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = sim.RunUntilFinished(1500);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(sim.Task(false).value("status", std::string()), "finished");
+  ASSERT_EQ(testing::Slashes(sim, 0), 0u) << "the rubber stamps approved every lazy unit";
+  const json before = sim.Task(true);
+  const std::string lazy = sim.node_key(0).public_key().ToHex();
+  const std::string honest_node = sim.node_key(1).public_key().ToHex();
+  std::set<uint32_t> lazy_units;
+  const json* honest = nullptr;
+  for (const json& u : before["units"]) {
+    if (u.value("paid", uint64_t{0}) == 0) continue;
+    if (u.value("assignee", std::string()) == lazy) lazy_units.insert(u.value("index", 0u));
+    if (u.value("assignee", std::string()) == honest_node && honest == nullptr) honest = &u;
+  }
+  ASSERT_FALSE(lazy_units.empty());
+  ASSERT_NE(honest, nullptr);
+  const uint64_t audit_end = before.value("audit_window_end", uint64_t{0});
+  ASSERT_LT(sim.height(), audit_end);
+
+  // The audit at the real witness bound: every failed unit's segment witness is over it.
+  const BlobGetter get = AllNodeBlobs(&sim, 4);
+  std::vector<ledger::LateChallengeTx> late;
+  uint64_t witness_bytes = 0;
+  AuditOptions ao{.full = true, .work_dir = "/audit"};
+  ao.on_fraud = [&](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
+    Result<FraudProofSend> f = FraudProofFor(before, u, w, get);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    if (!f.ok()) return {{"error", f.status().message()}};
+    EXPECT_TRUE(f->late) << "unit " << u.index << ": a witness of " << f->witness_bytes << " bytes";
+    EXPECT_GT(f->witness_bytes, ledger::kMaxWitnessBytes);
+    witness_bytes = std::max(witness_bytes, f->witness_bytes);
+    if (!f->late) return {{"error", "not late"}};
+    late.push_back(std::get<ledger::LateChallengeTx>(f->tx));
+    // The tile phase: the mismatch of a state this large must carry the bundle.
+    EXPECT_FALSE(late.back().bundle.text.empty());
+    return {{"late", true}};
+  };
+  Result<AuditReport> r = AuditTaskRecord(sim.env(), before, get, ao);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->pass);
+  std::set<uint32_t> challenged;
+  for (const ledger::LateChallengeTx& tx : late) challenged.insert(tx.index);
+  ASSERT_EQ(challenged, lazy_units) << "the audit names exactly the lazy solver's units";
+  std::printf("[ late     ] %zu lazy units, segment witness %llu bytes (bound %llu)\n",
+              lazy_units.size(), static_cast<unsigned long long>(witness_bytes),
+              static_cast<unsigned long long>(ledger::kMaxWitnessBytes));
+  // A false challenge of the honest unit: its first segment claimed to end elsewhere.
+  AuditUnit hu{.index = honest->value("index", 0u)};
+  for (const json& l : (*honest)["leaves"]) {
+    hu.leaves.push_back(*Hash256::FromHex(l.get<std::string>()));
+  }
+  // (A false end has no witness to build; the bound 0 sends it late, as a true one of this model
+  // would be.)
+  BuiltSegmentWitness false_end{.segment = 0, .replayed_end = Blake2b("not its end")};
+  Result<FraudProofSend> f = FraudProofFor(before, hu, false_end, get, /*max_witness_bytes=*/0);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(f->late);
+  late.push_back(std::get<ledger::LateChallengeTx>(f->tx));
+  const uint64_t honest_cost = f->bond;
+
+  // After the window, in the block the nodes would release the task's blobs.
+  while (sim.height() < audit_end) ASSERT_TRUE(sim.Step().ok());
+  uint64_t unpinned[2] = {sim.agent(0)->stats().blobs_unpinned,
+                          sim.agent(1)->stats().blobs_unpinned};
+  const PublicKey auditor = sim.submitter_key().public_key();
+  const uint64_t auditor_before = BalanceOf(sim, auditor);
+  const uint64_t solver_before = BalanceOf(sim, sim.node_key(1).public_key());
+  std::set<Hash256> sent;
+  for (const ledger::LateChallengeTx& tx : late) {
+    Result<Hash256> id = sim.submitter_tx().Send(tx);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    sent.insert(*id);
+  }
+  ASSERT_TRUE(sim.Step().ok());
+  ASSERT_TRUE(sim.submitter_tx().Poll().ok());
+  for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
+    EXPECT_TRUE(out.ok) << out.type << ": " << out.reason;
+    sent.erase(out.id);
+  }
+  ASSERT_TRUE(sent.empty()) << "every LateChallenge lands in the next block";
+  ASSERT_EQ(sim.Task(false)["verification"]["late_games"].size(), late.size());
+
+  // The games, played by the auditor's account and the solvers' nodes. Each game's stages and
+  // turns as the ledger shows them while it is open.
+  // Each solver's node keeps what its side of the tile phase reads past the height it releases
+  // the task at: the bundle, the data (a tile's examples), its units' start states, and releases
+  // nothing of the task while a game is open. (Without the hold the nodes release the task every
+  // block and fetch it all again from the challenger, which holds it too: the games would still
+  // end, with nobody else left serving the task.)
+  auto start_of = [&](const json& unit) {
+    return *Hash256::FromHex(before["weights_history"][unit.value("round", 0u)].get<std::string>());
+  };
+  std::map<int, std::vector<Hash256>> kept = {{0, {}}, {1, {start_of(*honest)}}};
+  const Hash256 spec = *Hash256::FromHex(before.value("spec_hash", std::string()));
+  Result<std::vector<std::pair<std::string, net::BlobId>>> data =
+      BundleDataBlobs(late.front().bundle.text);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  for (auto& [node, blobs] : kept) {
+    blobs.push_back(spec);
+    for (const auto& [name, id] : *data) blobs.push_back(id.hash);
+  }
+  for (const json& u : before["units"]) {
+    if (lazy_units.count(u.value("index", 0u))) kept[0].push_back(start_of(u));
+  }
+  Result<int> challenger = sim.AddLateChallenger(sim.submitter_key());
+  ASSERT_TRUE(challenger.ok()) << challenger.status().ToString();
+  std::map<uint32_t, std::set<std::string>> stages;
+  std::map<uint32_t, uint32_t> turns;
+  uint64_t held_blocks = 0;
+  bool restarted = false;
+  for (int b = 0; b < 600 && !sim.Task(false)["verification"]["late_games"].empty(); ++b) {
+    ASSERT_TRUE(sim.Step().ok());
+    if (sim.Task(false)["verification"]["late_games"].empty()) break;
+    ++held_blocks;
+    // Restart-safe: once a game is in its tile phase, the auditor's account and the lazy node
+    // are killed and restarted (their traces lost, their journals kept); both trace the step
+    // again and play on.
+    if (!restarted && std::any_of(lazy_units.begin(), lazy_units.end(),
+                                  [&](uint32_t i) { return stages[i].count("tiles") > 0; })) {
+      for (int i : {0, *challenger}) {
+        sim.Kill(i);
+        ASSERT_TRUE(sim.Restart(i).ok());
+      }
+      unpinned[0] = sim.agent(0)->stats().blobs_unpinned;
+      restarted = true;
+    }
+    for (const auto& [node, blobs] : kept) {
+      ASSERT_GT(sim.agent(node)->pin_book()->ClosedSeen(sim.task_id()), 0u)
+          << "node " << node << " released the task at height " << sim.height()
+          << " while a late game on its unit is open";
+      ASSERT_EQ(sim.agent(node)->stats().blobs_unpinned, unpinned[node]) << "node " << node;
+      for (const Hash256& id : blobs) {
+        ASSERT_TRUE(sim.store(node)->HasBlob(net::BlobId{id}))
+            << "node " << node << " let blob " << id.ShortHex() << " go at height " << sim.height()
+            << " while a late game on its unit is open";
+      }
+    }
+    const json task = sim.Task(true);  // kept: the loop reads into it
+    for (const json& u : task["units"]) {
+      if (!u.contains("late") || !u["late"]["game"].contains("stage")) continue;
+      const json& g = u["late"]["game"];
+      const uint32_t index = u.value("index", 0u);
+      stages[index].insert(g.value("stage", std::string()));
+      turns[index] = std::max(turns[index], g.value("turns", 0u));
+    }
+  }
+  const json after = sim.Task(true);
+  const json& v = after["verification"];
+  ASSERT_TRUE(v["late_games"].empty()) << v.dump();
+  EXPECT_GT(held_blocks, 0u);
+  EXPECT_TRUE(restarted) << "no game reached its tile phase";
+  // (Counted since the restart.)
+  EXPECT_EQ(sim.agent(0)->stats().tx_failed, 0u) << "the restarted lazy node sent a move twice";
+  EXPECT_EQ(sim.agent(*challenger)->stats().tile_witnesses, lazy_units.size())
+      << "the restarted challenger posts each tile's witness";
+  EXPECT_GT(sim.height(), audit_end + 1) << "the games outlasted the nodes' release height";
+
+  // Every game ruled by the ledger from a RefereeTile: the lazy units at one tile (the operator
+  // and tile phases played), the false challenge from the step's roots.
+  std::map<uint32_t, json> ruled;
+  for (const json& ru : v["rulings"]) {
+    if (ru.value("challenger", std::string()) == auditor.ToHex()) ruled[ru.value("index", 0u)] = ru;
+  }
+  ASSERT_EQ(ruled.size(), late.size()) << v["rulings"].dump();
+  for (const auto& [index, ru] : ruled) {
+    const bool lazy_unit = lazy_units.count(index) > 0;
+    EXPECT_EQ(ru.value("tx", std::string()), "RefereeTile") << ru.dump();
+    EXPECT_EQ(ru.value("for", std::string()), lazy_unit ? "challenger" : "defender") << ru.dump();
+    EXPECT_GT(ru.value("witness_bytes", uint64_t{0}), 0u);
+    EXPECT_LE(ru.value("witness_bytes", uint64_t{0}), ledger::kMaxTileWitnessBytes);
+    EXPECT_TRUE(stages[index].count("operators")) << "unit " << index << ": " << ru.dump();
+    if (lazy_unit) {
+      EXPECT_TRUE(stages[index].count("tiles")) << "unit " << index << ": " << ru.dump();
+    }
+    std::printf(
+        "[ late     ] unit %u (%s): %u turns, ruled by %s for the %s, witness %llu bytes: %s\n",
+        index, lazy_unit ? "lazy" : "honest, false end", turns[index],
+        ru.value("tx", std::string()).c_str(), ru.value("for", std::string()).c_str(),
+        static_cast<unsigned long long>(ru.value("witness_bytes", uint64_t{0})),
+        ru.value("reason", std::string()).c_str());
+  }
+
+  // The lazy solver lost every game: each unit proven, slashed and jailed; the auditor has its
+  // bonds back with a bounty each, and lost the false challenge's bond to the honest solver.
+  std::set<uint32_t> proven;
+  uint64_t bounties = 0, clawed = 0;
+  for (const json& pf : v["proven_frauds"]) {
+    proven.insert(pf.value("index", 0u));
+    EXPECT_EQ(pf.value("prover", std::string()), auditor.ToHex()) << pf.dump();
+    bounties += pf.value("bounty", uint64_t{0});
+    clawed += pf.value("clawed_back", uint64_t{0});
+  }
+  EXPECT_EQ(proven, lazy_units);
+  EXPECT_GT(bounties, 0u);
+  EXPECT_GT(testing::Slashes(sim, 0), 0u);
+  EXPECT_EQ(testing::Node(sim, 0).value("status", std::string()), "jailed");
+  EXPECT_EQ(after.value("final_state", std::string()), before.value("final_state", std::string()));
+  EXPECT_EQ(BalanceOf(sim, sim.node_key(1).public_key()), solver_before + honest_cost);
+  EXPECT_EQ(BalanceOf(sim, auditor), auditor_before - honest_cost + bounties + clawed);
+  testing::ExpectNeverSlashed(sim, {1});
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
 // Within the audit window: the full audit's first proof (the poisoner's earliest paid unit)
 // reopens the finished task and takes it back to the first round the poisoner worked in; the
 // audit's later proofs find their units re-running (nothing left to prove). The network runs
@@ -345,8 +589,8 @@ TEST(FraudProofSimTest, TheAuditorPlaysLateGamesAgainstTheSolversNodesAndTheHone
 // 12 and 16 since the task terms gained the stages' boundary bytes (params.stage_boundary_bytes:
 // every beacon moved; 10 now catches its poisoner, and 2, 14, 17, 18 and 20 do not play the
 // scenario); were 1, 4, 10 and 16 since they gained the engine's memory need (params.memory_bytes:
-// every beacon moved, and 2 and 17 caught their poisoner); were 2, 10, 12 and 17, and 3, 4, 8 and 11
-// before the state hash became StateHashOfRoots. Seeds 12, 14 and 20 escape too (4 and 9 did
+// every beacon moved, and 2 and 17 caught their poisoner); were 2, 10, 12 and 17, and 3, 4, 8 and
+// 11 before the state hash became StateHashOfRoots. Seeds 12, 14 and 20 escape too (4 and 9 did
 // before) but end with one of the four honest nodes not yet having seen the task finished when
 // RunUntilFinished stops (seen_closed() == 3), so they do not play this test's scenario; 18
 // plays it as well.

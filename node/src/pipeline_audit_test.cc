@@ -403,20 +403,13 @@ struct UncaughtStage {
       std::printf("unit %u step %d: a ProveFraud %s witness of %zu bytes\n", u.index,
                   u.fraud_segment, std::string(StageFraudProofName(w.kind)).c_str(),
                   w.witness.size());
-      Result<Hash256> id = sim->submitter_tx().Send(
+      Result<TxOutcome> out = sim->ProveAsSubmitter(
           ledger::ProveFraudTx{.task_id = sim->task_id(),
                                .index = u.index,
                                .segment = static_cast<uint32_t>(u.fraud_segment),
                                .witness = {w.witness}});
-      if (!id.ok()) return {{"ok", false}, {"error", id.status().message()}};
-      for (int i = 0; i < 5 && sim->submitter_tx().IsInFlight(*id); ++i) {
-        EXPECT_TRUE(sim->Step().ok());
-        EXPECT_TRUE(sim->submitter_tx().Poll().ok());
-      }
-      for (const TxOutcome& out : sim->submitter_tx().TakeOutcomes()) {
-        if (out.id == *id) return {{"ok", out.ok}, {"error", out.reason}};
-      }
-      return {{"ok", false}, {"error", "not included"}};
+      if (!out.ok()) return {{"ok", false}, {"error", out.status().message()}};
+      return {{"ok", out->ok}, {"error", out->reason}};
     };
   }
   // Whether the ledger recorded a proven fraud of unit `index` at step `step`, and the cheater is

@@ -315,12 +315,18 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
 // start from its own checkpoint and the replica resumes at step 1. With `verifying` the chain
 // verifies every stage unit (VerifyingPipelineSimOptions): the verifiers replay every step of the
 // resumed replica's stage units, the recomputed ones and the kept ones with their swapped
-// records, against the new chain; none is fraud and no node is slashed.
+// records, against the new chain; none is fraud and no node is slashed. With `deadline_first` the
+// ledger replaces the killed node only after 1,000 blocks without its heartbeat (liveness_blocks),
+// and the test makes blocks slowly until each kept stage's step deadline has failed its run on the
+// old chain and its run again on that chain (which can train nothing without the lost node) has
+// failed too: the kept stages still hold steps 0..k-1 (Stager's Held, their stages loaded again
+// from their failed step's checkpoint) and the replica resumes at k all the same.
 struct LoseAStage {
   bool kill = true;
   bool resume_fails = false;
   bool ahead = false;
   bool verifying = false;
+  bool deadline_first = false;
 };
 void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::string& dir) {
   const bool kill = how.kill;
@@ -337,6 +343,12 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
   opt.nodes = 7;
   opt.node_options.resize(7);
   opt.node_options[6].speed_factor = 0.25;
+  if (how.deadline_first) {
+    opt.tweak_genesis = [base = opt.tweak_genesis](ledger::Genesis& g) {
+      base(g);
+      g.params.liveness_blocks = 1'000;
+    };
+  }
   std::mutex mu;
   std::condition_variable cv;
   int victim = -1;  // the node held in replica 0's lost stage, round 0, step 1
@@ -345,11 +357,9 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
   opt.agent_options = [&](int node, AgentOptions& a) {
     // The live stages wait for the lost node until the ledger replaces it or this deadline
     // passes; their runs on the new chain take pushes of that chain only (StageChainDigest), so
-    // none of those waits out a deadline (`new_chain_failures`).
-    // The kept stages' runs hold steps 0..k-1 for the resume only if the ledger replaces the
-    // lost node before this deadline fails their step on the old chain (their re-run on it starts
-    // from the round's start); 30 blocks of a loaded machine can take seconds.
-    a.stage_plane.step_deadline_ms = 30'000;
+    // none of those waits out a deadline (`new_chain_failures`). Where it passes first on the old
+    // chain (`deadline_first`: 5 s), the kept stages hold their steps for the resume all the same.
+    a.stage_plane.step_deadline_ms = how.deadline_first ? 5'000 : 10'000;
     // The free node that replaces the lost one fetches at most inbox_bytes of each kept stage's
     // tensors for the resume (StartStageRun): 1 byte, and it cannot resume.
     if (resume_fails && node == 6) a.stage_plane.inbox_bytes = 1;
@@ -462,6 +472,40 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
     // It cannot finish the step: it is killed before any neighbour answers it.
     release(/*others=*/!how.verifying);
     sim.Kill(lost);
+    if (how.deadline_first) {
+      // Blocks 25 ms apart (1,000 of them before the ledger replaces the killed node: over 25 s)
+      // until each kept stage's node logged two failed runs of the unit (its step deadline on the
+      // old chain, then its run again there): both before the replacement, which the test
+      // asserts rather than assumes.
+      auto failed_twice = [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        for (uint32_t st : kept_stages) {
+          const int n = *neighbours[st].begin();
+          if (std::count_if(runs.begin(), runs.end(), [&](const auto& r) {
+                return std::get<0>(r) == n && std::get<1>(r) == st &&
+                       std::get<2>(r).find(" failed") != std::string::npos;
+              }) < 2) {
+            return false;
+          }
+        }
+        return true;
+      };
+      auto on_new_chain = [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return std::any_of(runs.begin(), runs.end(), [&](const auto& r) {
+          return std::get<2>(r).find(": training") != std::string::npos &&
+                 std::get<2>(r).find(gone) == std::string::npos;
+        });
+      };
+      for (int b = 0; b < 900 && !failed_twice() && !on_new_chain(); ++b) {
+        Status stepped = sim.Step();
+        ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      }
+      ASSERT_FALSE(on_new_chain()) << "the ledger replaced the killed node before the kept "
+                                      "stages' step deadlines fired";
+      ASSERT_TRUE(failed_twice()) << "the kept stages' runs on the old chain did not fail twice";
+    }
     // On a verifying chain the killed node stays active (its stake is whole): it is not drawn
     // to verify once its heartbeat is older than liveness_blocks. The ledger replaced it then
     // (ExpireGoneStages, the same rule): replica 1 goes on once another node trains its stage.
@@ -648,6 +692,13 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
 
 TEST(PipelineNetworkTest, AStageNodeKilledMidStepIsReplacedAndTheTaskEndsBitEqual) {
   LoseAStageNodeMidStep({.kill = true}, 18, "pipeline-network-kill");
+}
+
+// The kept stages' step deadline fails their step on the old chain, and their runs again on it,
+// before the ledger replaces the killed node: they hold their steps all the same and the replica
+// resumes at the lost step (Stager's Held), bit-equal, only the killed node charged.
+TEST(PipelineNetworkTest, AKeptStageWhoseStepDeadlineFiresBeforeTheReplacementStillResumes) {
+  LoseAStageNodeMidStep({.kill = true, .deadline_first = true}, 18, "pipeline-network-deadline");
 }
 
 // A stage run that ends whole after its unit was placed again is not committed (Stager::Collect):

@@ -178,17 +178,36 @@ Result<std::string> StageEvidence::CheckpointFile(const StageStepRef& ref) const
 }
 
 Result<engine::TrainState> StageEvidence::PublishedCheckpointState(const StageStepRef& ref) const {
-  std::string path;
-  uint64_t size = 0;
+  Checkpoint c;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = steps_.find(ref);
     if (it == steps_.end() || !it->second.published || it->second.checkpoint.file.empty()) {
       return NotFound("stage evidence: no published checkpoint of " + ref.ToString());
     }
-    path = it->second.checkpoint.file;
-    size = it->second.checkpoint.bytes;
+    c = it->second.checkpoint;
   }
+  return ReadCheckpointFile(ref, c);
+}
+
+Result<engine::TrainState> StageEvidence::PendingCheckpointState(const StageStepRef& ref) const {
+  Checkpoint c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = steps_.find(ref);
+    if (it == steps_.end() || it->second.pending.file.empty()) {
+      return NotFound("stage evidence: no checkpoint of " + ref.ToString() +
+                      " saved since the step was last published");
+    }
+    c = it->second.pending;
+  }
+  return ReadCheckpointFile(ref, c);
+}
+
+Result<engine::TrainState> StageEvidence::ReadCheckpointFile(const StageStepRef& ref,
+                                                             const Checkpoint& c) const {
+  const std::string& path = c.file;
+  const uint64_t size = c.bytes;
   // Read without the lock, as HandleSlice reads it (a file withdrawn meanwhile fails the read).
   Result<std::unique_ptr<RandomRWFile>> file = env_->OpenRandomRW(path, /*create=*/false);
   if (!file.ok()) {

@@ -1676,14 +1676,28 @@ TEST(StagePlaneTest, StageEvidenceServesCheckpointFilesAndDeletesThemWhenWithdra
   ASSERT_TRUE(nodes[0]->evidence.Publish(out[0][0].commit, {}).ok());
   const std::string served = *nodes[0]->evidence.CheckpointFile(refs[0]);
   const Bytes before = ToBytes(engine::CheckpointBytes(got[0]->state()));
+  const Hash256 before_hash = engine::StateHash(got[0]->state());
+  EXPECT_EQ(nodes[0]->evidence.PendingCheckpointState(refs[0]).status().code(),
+            StatusCode::kNotFound);             // published: nothing saved since
   got[0]->params()[0].value.data()[0] += 1.0f;  // the new run's start differs
   const Bytes after = ToBytes(engine::CheckpointBytes(got[0]->state()));
+  const Hash256 after_hash = engine::StateHash(got[0]->state());
   ASSERT_TRUE(nodes[0]->evidence.SaveCheckpoint(refs[0], got[0]->state()).ok());
   Result<StageStepEvidence> meanwhile =
       FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(), refs[0]);
   ASSERT_TRUE(meanwhile.ok()) << meanwhile.status().ToString();
   EXPECT_EQ(meanwhile->checkpoint, before);
+  // Meanwhile (a run whose step failed there: the Stager's held run) the saved checkpoint loads
+  // as the state it was written from, beside the served one.
+  Result<engine::TrainState> pending = nodes[0]->evidence.PendingCheckpointState(refs[0]);
+  ASSERT_TRUE(pending.ok()) << pending.status().ToString();
+  EXPECT_EQ(engine::StateHash(*pending), after_hash);
+  Result<engine::TrainState> published = nodes[0]->evidence.PublishedCheckpointState(refs[0]);
+  ASSERT_TRUE(published.ok()) << published.status().ToString();
+  EXPECT_EQ(engine::StateHash(*published), before_hash);
   ASSERT_TRUE(nodes[0]->evidence.Publish(out[0][0].commit, {}).ok());
+  EXPECT_EQ(nodes[0]->evidence.PendingCheckpointState(refs[0]).status().code(),
+            StatusCode::kNotFound);
   Result<StageStepEvidence> republished =
       FetchStageStepEvidence(&verifier, nodes[0]->server->endpoint(), refs[0]);
   ASSERT_TRUE(republished.ok()) << republished.status().ToString();

@@ -593,7 +593,7 @@ Result<CheckEffects> UnitCheck::OnDisputeResolved(uint64_t height, Merits merits
   return fx;
 }
 
-CheckEffects UnitCheck::SettleWhistleblowerWin(bool on_merits, const NodeId& payee) {
+CheckEffects UnitCheck::SettleWhistleblowerWin(bool on_merits, const std::optional<NodeId>& payee) {
   const DisputeOutcome& o = dispute_->outcome();
   CheckEffects fx;
   Append(fx.slash, config_.solver);
@@ -603,7 +603,7 @@ CheckEffects UnitCheck::SettleWhistleblowerWin(bool on_merits, const NodeId& pay
     if (slots_[i].verdict == Verdict::kVerdictClean) Append(fx.slash, verifiers_[i]);
   }
   if (!o.challenger_honest) Append(fx.slash, *whistleblower_);  // it missed its turn, or lied
-  if (std::find(fx.slash.begin(), fx.slash.end(), payee) == fx.slash.end()) {
+  if (payee && std::find(fx.slash.begin(), fx.slash.end(), *payee) == fx.slash.end()) {
     fx.bounty = payee;
     fx.bounty_by_silence = !on_merits;
   }
@@ -616,7 +616,7 @@ CheckEffects UnitCheck::SettleWhistleblowerWin(bool on_merits, const NodeId& pay
 }
 
 Result<CheckEffects> UnitCheck::OnMeritsShown(const NodeId& prover, uint32_t segment,
-                                              uint64_t height) {
+                                              uint64_t height, const std::optional<NodeId>& payee) {
   if (stage_ != CheckStage::kCheckDisputed || !merits_deadline_) {
     return FailedPrecondition("merits of " + config_.unit.ToString() +
                               ": no whistleblower's dispute awaits its merits (stage " +
@@ -640,12 +640,12 @@ Result<CheckEffects> UnitCheck::OnMeritsShown(const NodeId& prover, uint32_t seg
                            "); show the segment the whistleblower claimed");
   }
   const NodeId whistleblower = *whistleblower_;
-  CheckEffects fx = SettleWhistleblowerWin(/*on_merits=*/true, prover);
+  CheckEffects fx = SettleWhistleblowerWin(/*on_merits=*/true, payee);
   // Shown by another node than the whistleblower that challenged: only the jackpot's share of
   // the solver's slash, as for a win by silence. Else the solver, silent on purpose, would show
   // its own merits from a second node (under another owner key if need be) and get back all its
   // slash took: its fraud would cost it nothing, and the whistleblower's bounty would be its.
-  if (fx.bounty && prover != whistleblower) fx.bounty_by_silence = true;
+  if (fx.bounty && *fx.bounty != whistleblower) fx.bounty_by_silence = true;
   reason_ = "whistleblower dispute: the solver fell silent; segment " + std::to_string(segment) +
             " shown false by " + prover.ShortHex() + " at height " + std::to_string(height);
   return fx;
@@ -685,7 +685,8 @@ Status UnitCheck::OnChallenge(const NodeId& whistleblower, const MismatchClaim& 
   return Status::Ok();
 }
 
-Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t height) {
+Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t height,
+                                                  const std::optional<NodeId>& payee) {
   if (stage_ == CheckStage::kCheckSettled && result_ != CheckResult::kCheckClean &&
       result_ != CheckResult::kCheckUnchecked) {
     return FailedPrecondition("result of " + config_.unit.ToString() + ": the unit is already "
@@ -699,7 +700,7 @@ Result<CheckEffects> UnitCheck::OnResultDisproved(const NodeId& prover, uint64_t
   // A bounty, capped by what the solver's slash took (ApplyEffects): a solver whose stake an
   // earlier slash emptied, with a second node of its own disproving a result it made wrong on
   // purpose, would otherwise be paid a whole slash from the jackpot per unit.
-  fx.bounty = prover;
+  fx.bounty = payee;
   fx.rerun_unit = true;
   fx.settled = true;
   dispute_.reset();

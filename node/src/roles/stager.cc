@@ -79,8 +79,20 @@ Status Stager::Start(const UnitAssignment& a) {
   std::optional<Held> held = std::exchange(held_, std::nullopt);
   if (held && run->ask && ResumesOn(*held, a)) {
     run->kept = true;
-    run->stage = std::move(held->stage);
+    run->stage = std::move(held->stage);  // null when it was freed: loaded below
     run->progress = std::move(held->progress);
+  } else if (held && !(held->a.task_id == a.task_id && held->a.index == a.index &&
+                       KeyOf(held->a) != KeyOf(a))) {
+    // Not resumed by this run, and not made void by it (another assignment of its unit that does
+    // not resume from it trains the unit from the round's start): a run of the same assignment
+    // again, on the chain its run failed on (a step deadline that fired while its lost neighbour
+    // was not yet replaced: a fresh assignment that replaces it resumes from the held steps), or
+    // another unit's run. Kept, its stage freed before this run's is built: its stage at the
+    // failed step's start is that step's checkpoint in the evidence, loaded when a run resumes
+    // from it (as the run's start weights are built again then).
+    held->stage.reset();
+    held->progress.start = {};
+    held_ = std::move(held);
   }
   held.reset();  // not this assignment's: freed before the stage is built again
   // Only the stage is built, never the whole model (its trainer: ctx->Trainer()): the unit's
@@ -96,11 +108,22 @@ Status Stager::Start(const UnitAssignment& a) {
     for (int64_t s = 0; s < work.inner_steps; ++s) run->batches.push_back(stream.BatchForStep(s));
   }
   ctx->ReleaseData();
-  if (!run->kept) {
+  if (!run->stage) {
     ML_ASSIGN_OR_RETURN(GlobalWeightsReader start,
                         node_->StartWeights(*ctx, a.task_id, a.start_state));
     ML_ASSIGN_OR_RETURN(
         run->stage, StageFromGlobal(task, cut, static_cast<int>(slot.stage), start, work.lr_scale));
+  }
+  if (run->kept && run->progress.start.empty()) {
+    // A held run whose stage was freed: its start weights are the stage just built, and its stage
+    // at the failed step's start that step's checkpoint. One that does not load (withdrawn, or
+    // not the state its last step ended in) resumes nothing: the run offers no steps.
+    Status loaded = LoadHeldStage(*run);
+    if (!loaded.ok()) {
+      node_->Log(Name(a) + ": its held steps are not resumed: " + loaded.message());
+      run->kept = false;
+      run->progress = {};
+    }
   }
   run->dropout_seed = engine::DropoutSeed(task.seed, work.stream);
   StageContext sc;
@@ -170,6 +193,7 @@ Status Stager::Start(const UnitAssignment& a) {
     if (from.ok()) {
       r->from = *from;
       r->out = RunStageUnit(*r->stage, *r->plane, r->batches, r->dropout_seed, hooks, &r->progress);
+      r->whole = r->out.ok();
     } else {
       r->out = from.status().WithPrefix("no resume");
       r->progress = {};  // a resume tried and not made: its next run is from the round's start
@@ -183,6 +207,27 @@ Status Stager::Start(const UnitAssignment& a) {
             .count());
     r->done.store(true, std::memory_order_release);
   });
+  return Status::Ok();
+}
+
+Status Stager::LoadHeldStage(Run& run) {
+  const uint64_t k = run.progress.commits.size();
+  CHECK_GT(k, 0u);
+  const StageStepRef ref{.task = run.a.task_id,
+                         .round = run.a.round,
+                         .replica = run.a.stage->replica,
+                         .stage = run.a.stage->stage,
+                         .step = k};
+  ML_ASSIGN_OR_RETURN(engine::TrainState state, evidence_.PendingCheckpointState(ref));
+  const Hash256 want = run.progress.commits[k - 1].state_after;
+  if (state.step != static_cast<int64_t>(k) || engine::StateHash(state) != want) {
+    return DataLoss("the checkpoint of " + ref.ToString() + " is at step " +
+                    std::to_string(state.step) + " and not the state " + want.ShortHex() +
+                    " its step " + std::to_string(k - 1) + " ended in");
+  }
+  std::vector<float> start = StageFlatParams(*run.stage);
+  ML_RETURN_IF_ERROR(run.stage->Restore(std::move(state)));
+  run.progress.start = std::move(start);
   return Status::Ok();
 }
 
@@ -211,11 +256,12 @@ void Stager::StopForReplay(const std::string& why) {
 }
 
 Status Stager::Collect(const NodeWork& work) {
-  // A held run whose unit is no longer this node's: nothing resumes from it.
+  // A held run whose unit is no longer this node's: nothing resumes from it, nor from the tensors
+  // it sent (its received ones stay served until its round is final, as a failed run's do).
   if (held_ && std::none_of(work.units.begin(), work.units.end(), [&](const UnitAssignment& u) {
         return u.task_id == held_->a.task_id && u.index == held_->a.index;
       })) {
-    held_.reset();
+    DropHeld();
   }
   // Whether the run's assignment (its beacon: the placement its chain is of) is still this
   // node's: a unit placed again (its replica's deadline passed, or its round re-ran after a stage
@@ -269,6 +315,13 @@ Status Stager::Collect(const NodeWork& work) {
   // delta. A failed run that trained steps keeps its stage and steps while the unit is assigned
   // here: a fresh assignment that replaced a lost neighbour resumes from them (ResumesOn).
   run->plane.reset();
+  // A run of a held run's unit that trained a step (its evidence replaced the held steps') or
+  // ended whole makes the held one void; one that trained none (on the chain the held run failed
+  // on, its lost neighbour not yet replaced) leaves it held.
+  if (held_ && held_->a.task_id == run->a.task_id && held_->a.index == run->a.index &&
+      (run->whole || !run->progress.commits.empty())) {
+    held_.reset();
+  }
   if (!run->out.ok() && !run->stopped_for_replay && !run->progress.commits.empty() &&
       run->progress.commits.size() < run->batches.size()) {
     held_ = Held{.a = run->a, .stage = std::move(run->stage), .progress = std::move(run->progress)};
@@ -413,7 +466,18 @@ void Stager::ReportLinks(const StagePlaneStats& plane, const UnitAssignment& a) 
   node_->Log(Name(a) + ": reported " + std::to_string(count) + " measured link(s) (ReportLinks)");
 }
 
+void Stager::DropHeld() {
+  if (!held_) return;
+  const UnitAssignment& a = held_->a;
+  evidence_.DropSent(
+      {.task = a.task_id, .round = a.round, .replica = a.stage->replica, .stage = a.stage->stage});
+  node_->stats().stage_evidence_bytes = evidence_.bytes();
+  held_.reset();
+}
+
 void Stager::ReleaseEvidence(const Hash256& task, uint32_t finalized) {
+  // A held run of a final round: no replica of it resumes (its files go with the round's below).
+  if (held_ && held_->a.task_id == task && held_->a.round < finalized) held_.reset();
   const size_t freed = evidence_.WithdrawRoundsBefore(task, finalized);
   // Its neighbours' checkpoints of those rounds too: no replica of a final round resumes.
   host_.WithdrawKeptBefore(task, finalized);

@@ -14,7 +14,8 @@
 //                                                 logged, nothing stored or committed; started
 //                                                 again from step 0 while still assigned, or from
 //                                                 the failed step k when a fresh assignment
-//                                                 replaced a lost neighbour (StartStageRun)
+//                                                 replaced a lost neighbour (StartStageRun; its
+//                                                 steps held across its runs on the old chain)
 //
 // A node runs one stage unit at a time: its StageHost hands "stage.push" to that unit's plane.
 // A restart forgets a running unit (it is run again from the start: a stage is cheap next to
@@ -106,6 +107,7 @@ class Stager {
     bool kept = false;  // resumes a run of the chain before (held_), as a kept stage
     uint64_t from = 0;  // the step it trained from (StartStageRun's)
     Result<StageUnitOutcome> out = Unavailable("not run");
+    bool whole = false;   // RunStageUnit ended whole (whether or not Collect commits it)
     uint64_t run_us = 0;  // RunStageUnit's wall time
     std::atomic<bool> done{false};
     bool cancelled = false;           // Cancel sent to its plane (tick thread only)
@@ -140,16 +142,32 @@ class Stager {
   // A failed run's stage and steps (its stage at the failed step's start), kept while the unit is
   // assigned to this node: when its next assignment's chain replaced another stage's node, the
   // run resumes from them (StartStageRun) rather than from the round's start. One at a time (a
-  // node runs one stage unit at a time): the stage it would build again anyway.
+  // node runs one stage unit at a time): the stage it would build again anyway. Its stage is in
+  // memory until the next run starts; a run that does not resume from it frees it (the held
+  // stage is then the failed step's checkpoint in the evidence, and progress.start empty) and
+  // keeps the steps, unless it is another assignment of the same unit (which trains it from the
+  // round's start). So a kept stage whose step deadline fires on the old chain, before the ledger
+  // replaces its lost neighbour, still resumes at the step it failed in: its runs again on the
+  // old chain train nothing and hold nothing, and leave it held. Dropped when a run of its unit
+  // trains a step (that run's evidence replaces its steps') or ends whole, when the unit is no
+  // longer the node's (DropHeld), or when its round is final (ReleaseEvidence).
   struct Held {
     UnitAssignment a;
-    std::unique_ptr<engine::Stage> stage;
+    std::unique_ptr<engine::Stage> stage;  // null: freed (LoadHeldStage)
     StageRunProgress progress;
   };
   std::optional<Held> held_;
   // Whether `held` resumes on assignment `a`: the same unit and round start, on a chain that
   // replaced exactly one other stage's node.
   static bool ResumesOn(const Held& held, const UnitAssignment& a);
+  // A kept run from a held run whose stage was freed: sets `run`'s progress.start to its stage
+  // (built from the round's start) and restores the stage from its evidence's checkpoint of step
+  // k (StageEvidence::PendingCheckpointState, k = its steps), which must be the state its step
+  // k-1 ended in (state_after): NotFound or DataLoss otherwise, the stage unchanged.
+  Status LoadHeldStage(Run& run);
+  // Drops the held run and the tensors it sent (StageEvidence::DropSent): its unit is no longer
+  // the node's, so no neighbour resumes from them.
+  void DropHeld();
   // Assignments a run was started for: a resume is tried on the first run of each only.
   std::set<Key> started_;
   // (task, unit index, assignment beacon) -> the CommitStage in flight. The beacon tells one

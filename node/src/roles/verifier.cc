@@ -231,10 +231,10 @@ void ProveResult(NodeContext& node, VerifyOutbox& outbox, const CheckAssignment&
            ") is not the delta of its committed final state: proving "
            "it (ProveResult, " +
            std::to_string(witness.size()) + "-byte witness)");
-  if (outbox.Send(action, ledger::ProveResultTx{.task_id = c.task_id,
-                                                .index = c.index,
-                                                .node_id = node.id(),
-                                                .witness = {std::move(witness)}})) {
+  if (outbox.SendProof(action, ledger::ProveResultTx{.task_id = c.task_id,
+                                                     .index = c.index,
+                                                     .node_id = node.id(),
+                                                     .witness = {std::move(witness)}})) {
     ++node.stats().results_proven;
   }
 }

@@ -191,11 +191,11 @@ Status Whistleblower::RunMerits(const CheckAssignment& c) {
                                           : "the dispute of " + d.challenger.ShortHex()) +
              "; showing its merits: " + shown + " (ProveMerits, " + std::to_string(witness.size()) +
              " bytes)");
-  if (outbox_->Send(action, ledger::ProveMeritsTx{.task_id = c.task_id,
-                                                  .index = c.index,
-                                                  .node_id = node_->id(),
-                                                  .segment = f.segment,
-                                                  .witness = {std::move(witness)}})) {
+  if (outbox_->SendProof(action, ledger::ProveMeritsTx{.task_id = c.task_id,
+                                                       .index = c.index,
+                                                       .node_id = node_->id(),
+                                                       .segment = f.segment,
+                                                       .witness = {std::move(witness)}})) {
     ++node_->stats().merits_shown;
   }
   return Status::Ok();

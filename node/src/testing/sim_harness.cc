@@ -316,6 +316,28 @@ Status SimHarness::Setup() {
   return DeadlineExceeded("sim: SubmitTask not included in 5 blocks");
 }
 
+Result<TxOutcome> SimHarness::SendAsSubmitter(ledger::TxPayload payload) {
+  ML_ASSIGN_OR_RETURN(Hash256 id, submitter_tx_->Send(std::move(payload)));
+  for (int i = 0; i < 5 && submitter_tx_->IsInFlight(id); ++i) {
+    ML_RETURN_IF_ERROR(Step());
+    ML_RETURN_IF_ERROR(submitter_tx_->Poll());
+  }
+  for (const TxOutcome& out : submitter_tx_->TakeOutcomes()) {
+    if (out.id == id) return out;
+  }
+  return DeadlineExceeded("sim: transaction " + id.ShortHex() + " not included in 5 blocks");
+}
+
+Result<TxOutcome> SimHarness::ProveAsSubmitter(ledger::ProveFraudTx proof) {
+  ML_ASSIGN_OR_RETURN(TxOutcome commit,
+                      SendAsSubmitter(ledger::CommitProofTx{
+                          .commitment = ledger::ProofCommitment(ledger::ProofWitnessId(proof),
+                                                                submitter_.public_key()),
+                          .prover = submitter_.public_key()}));
+  if (!commit.ok) return commit;
+  return SendAsSubmitter(std::move(proof));
+}
+
 Status SimHarness::Step() {
   clock_.AdvanceMillis(options_.block_interval_ms);
   ML_RETURN_IF_ERROR(sequencer_->ProduceOnce().status());

@@ -167,6 +167,12 @@ class SimHarness {
   const KeyPair& submitter_key() const { return submitter_; }
   // The submitter's transaction sender (e.g. to cancel the task).
   TxSender& submitter_tx() { return *submitter_tx_; }
+  // Sends `payload` with submitter_tx() and steps (at most 5 blocks) until its outcome.
+  Result<TxOutcome> SendAsSubmitter(ledger::TxPayload payload);
+  // A fraud proof as `task audit --prove` sends it with the submitter's key: its CommitProof
+  // (docs/verification.md, "Commit, then prove"), then, once that is in a block, the proof.
+  // The proof's outcome; the commitment's when that failed.
+  Result<TxOutcome> ProveAsSubmitter(ledger::ProveFraudTx proof);
 
   uint64_t height();
   const Hash256& task_id() const { return task_id_; }

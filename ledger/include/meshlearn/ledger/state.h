@@ -46,6 +46,16 @@ struct Account {
   bool operator==(const Account&) const = default;
 };
 
+// A prover's commitment to a proof it will send (CommitProofTx; docs/verification.md, "Commit,
+// then prove"), kept by its hash: who sent it and in which block. Counts for proofs in the
+// kProofCommitmentBlocks blocks after `height`, then is dropped.
+struct ProofCommit {
+  Hash256 commitment;
+  PublicKey prover;
+  uint64_t height = 0;
+  bool operator==(const ProofCommit&) const = default;
+};
+
 // Node roles: a bit set.
 inline constexpr uint32_t kRoleSolver = 1u << 0;
 inline constexpr uint32_t kRoleVerifier = 1u << 1;
@@ -616,6 +626,8 @@ void EncodeTask(Encoder& e, const TaskRecord& t);
 Status DecodeTask(Decoder& d, TaskRecord* t);
 void EncodeWorkUnit(Encoder& e, const WorkUnit& u);
 Status DecodeWorkUnit(Decoder& d, WorkUnit* u);
+void EncodeProofCommit(Encoder& e, const ProofCommit& c);
+Status DecodeProofCommit(Decoder& d, ProofCommit* c);
 
 nlohmann::json AccountToJson(const Account& a);
 nlohmann::json NodeToJson(const NodeRecord& n);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -893,6 +894,29 @@ struct LateChallengeTx {
   bool operator==(const LateChallengeTx&) const = default;
 };
 
+// A prover's commitment to a proof it is about to send (docs/verification.md, "Commit, then
+// prove"): `commitment` = ProofCommitment(ProofWitnessId(proof), prover), `prover` the key the
+// proof's bounty is for: the sender itself (a ProveFraud's), or a node of the sender's (a
+// ProveResult's or ProveMerits', which a node's owner may send for it). A ProveFraud,
+// ProveResult or ProveMerits is public once sent, so a copier could send the same witness under
+// its own key first; the ledger pays a proof's bounty only to the earliest prover whose
+// commitment to that witness is at least one block older than the proof, which a copier's, made
+// after the proof it copied was public, never is. Kept kProofCommitmentBlocks blocks, then
+// dropped (EndBlock). Refused: an all-zero commitment, one already kept (a replay), a prover
+// neither the sender nor a node it owns, a prover holding kMaxProofCommitmentsPerSender, a chain
+// holding kMaxProofCommitments.
+struct CommitProofTx {
+  static constexpr TxType kType = TxType::kCommitProof;
+  Hash256 commitment;
+  PublicKey prover;
+  template <typename S, typename V>
+  static void Visit(S& s, V&& v) {
+    v("commitment", s.commitment);
+    v("prover", s.prover);
+  }
+  bool operator==(const CommitProofTx&) const = default;
+};
+
 namespace internal {
 template <typename Ignored, typename... T>
 struct VariantOfRest {
@@ -929,6 +953,24 @@ Bytes EncodeTx(const Transaction& tx);
 // fields.
 // Does NOT check the signature (see VerifyTxSignature).
 Result<Transaction> DecodeTx(ByteSpan wire);
+
+// ---- Commit, then prove (CommitProofTx). A commitment counts for proofs in the
+// kProofCommitmentBlocks blocks after its own, and is dropped after them: commitments do not
+// pile up, and the two bounds keep the ledger's scan of them (once per proof) short.
+inline constexpr uint64_t kProofCommitmentBlocks = 256;
+inline constexpr uint32_t kMaxProofCommitmentsPerSender = 16;
+inline constexpr uint32_t kMaxProofCommitments = 4096;
+// What a proof shows, without who sends it: its type, unit, segment and witness bytes (BLAKE2b).
+// The one derivation the ledger (which pays the bounty) and the provers (node roles, `task audit
+// --prove`) share.
+Hash256 ProofWitnessId(const ProveFraudTx& tx);
+Hash256 ProofWitnessId(const ProveResultTx& tx);
+Hash256 ProofWitnessId(const ProveMeritsTx& tx);
+// The same for a payload; nullopt for a payload that is not one of the three proofs.
+std::optional<Hash256> ProofWitnessIdOf(const TxPayload& payload);
+// What CommitProofTx carries: BLAKE2b(witness id, prover), `prover` the key that will send the
+// proof and be paid (its node key for ProveResult and ProveMerits).
+Hash256 ProofCommitment(const Hash256& witness_id, const PublicKey& prover);
 
 // The domain tag that starts every signed message of a transaction, so that a transaction's
 // signature can never be taken for a signature over any other kind of message.

@@ -43,5 +43,6 @@
   X(RefereeTile, 60, verification)        \
   X(RefereeStageStep, 61, verification)   \
   X(ServeStageEvidence, 62, verification) \
-  X(ProveMerits, 63, verification)     \
-  X(LateChallenge, 64, verification)
+  X(ProveMerits, 63, verification)        \
+  X(LateChallenge, 64, verification)      \
+  X(CommitProof, 65, proof_commits)

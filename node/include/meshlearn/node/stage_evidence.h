@@ -152,6 +152,11 @@ class StageEvidence {
   // (stage_resume.h). NotFound when the step is not published; DataLoss naming the file when it
   // does not load or does not hash to its state_hash.
   Result<engine::TrainState> PublishedCheckpointState(const StageStepRef& ref) const;
+  // The same of the checkpoint SaveCheckpoint wrote for the step since its last Publish (not
+  // served: the start of a step that failed): a failed run held for a resume whose stage was
+  // freed from memory is loaded from its failed step's (the Stager's Held). NotFound when there is
+  // none; DataLoss as above.
+  Result<engine::TrainState> PendingCheckpointState(const StageStepRef& ref) const;
 
  private:
   struct Checkpoint {
@@ -174,6 +179,8 @@ class StageEvidence {
     uint64_t refs = 0;
   };
   std::string TensorPath(const Hash256& tensor) const;
+  // The state in checkpoint file `c` of step `ref` (read without mu_).
+  Result<engine::TrainState> ReadCheckpointFile(const StageStepRef& ref, const Checkpoint& c) const;
   // Deletes an entry's checkpoint files and drops its tensors. REQUIRES: mu_ held.
   void DeleteFiles(const Entry& e);
   // One served step no longer lists each of `tensors`: a file no step lists is deleted.

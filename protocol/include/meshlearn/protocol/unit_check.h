@@ -257,7 +257,14 @@ class UnitCheck {
   // its own merits from a second node does not get its slash back.
   // FailedPrecondition outside the window, DeadlineExceeded after it, InvalidArgument for
   // another segment or the solver itself.
-  Result<CheckEffects> OnMeritsShown(const NodeId& prover, uint32_t segment, uint64_t height);
+  // `payee`: who gets the bounty (the ledger's earliest committer to the witness, which a copier
+  // of `prover`'s proof never is); nullopt: nobody, it stays in the jackpot. The whole bounty
+  // only when it is the whistleblower that challenged.
+  Result<CheckEffects> OnMeritsShown(const NodeId& prover, uint32_t segment, uint64_t height,
+                                     const std::optional<NodeId>& payee);
+  Result<CheckEffects> OnMeritsShown(const NodeId& prover, uint32_t segment, uint64_t height) {
+    return OnMeritsShown(prover, segment, height, prover);
+  }
   // The step's tile plan (DisputeConfig's num_operators, operator_tiles, operator_blocks), for
   // the disputes this check opens from now on (a dispute already running keeps its own). Set
   // once: a second call must give the same plan (AlreadyExists otherwise). InvalidArgument for
@@ -275,7 +282,12 @@ class UnitCheck {
   // is everyone's to check), a running dispute is dropped. A forced-error unit cannot be
   // disproved this way: its last leaf is a
   // ForcedLeaf, which no state hashes to.
-  Result<CheckEffects> OnResultDisproved(const NodeId& prover, uint64_t height);
+  // `payee`: who gets the bounty (as OnMeritsShown's).
+  Result<CheckEffects> OnResultDisproved(const NodeId& prover, uint64_t height,
+                                         const std::optional<NodeId>& payee);
+  Result<CheckEffects> OnResultDisproved(const NodeId& prover, uint64_t height) {
+    return OnResultDisproved(prover, height, prover);
+  }
 
   Bytes Encode() const;
   static Result<UnitCheck> Decode(ByteSpan bytes);
@@ -307,7 +319,7 @@ class UnitCheck {
   // Settles a whistleblower's dispute the solver lost: the solver slashed, the verifiers that
   // called the unit clean too when the loss was shown `on_merits`, the whistleblower when it
   // missed its turn; `payee` gets the bounty unless it is slashed here.
-  CheckEffects SettleWhistleblowerWin(bool on_merits, const NodeId& payee);
+  CheckEffects SettleWhistleblowerWin(bool on_merits, const std::optional<NodeId>& payee);
 
   struct VerdictSlot {
     std::optional<Hash256> commitment;
