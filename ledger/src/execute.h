@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "ledger_state.h"
@@ -230,6 +231,28 @@ uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t ind
 // back meanwhile (a rewind, a ProveFraud) closes with the bond returned.
 Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& task_id);
 
+// What keeps node `node`'s matured unbonding entries from being withdrawn at `height` (Withdraw;
+// docs/ledger.md, "Unbonding"): a unit the node solved whose check is open on an open task -- not
+// settled, or settled in a round not yet final, which a whistleblower may still challenge
+// (ChallengeUnit) -- or a late game (LateChallenge) the node defends. A slash there takes the
+// node's unbonding entries as well as its stake (TakeBondedStake), so Withdraw keeps an entry
+// until every such check on a unit committed by the time the entry matured is over (Holds).
+// Units committed later do not hold it: they were assigned against the stake left bonded (a
+// solver's stake must cover a unit's slash when it is assigned), so a solver that keeps working
+// after an Unstake still gets the unstaked part once its earlier checks end. Returns the open
+// check of the earliest commit (a late game first), which holds the most entries; nullopt: none.
+struct StakeHold {
+  Hash256 task_id;
+  uint32_t index = 0;  // the unit under check
+  uint32_t round = 0;
+  uint64_t committed_height = 0;  // the unit's commit (0 for a late game's: long final)
+  std::string why;  // "its check is disputed; the stake is released once ...", for messages
+  uint64_t retry_height = 0;  // the earliest height at which the hold can have ended
+  // Whether this check holds an entry that matured at `release_height`.
+  bool Holds(uint64_t release_height) const { return committed_height <= release_height; }
+};
+std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& node,
+                                       uint64_t height);
 // Commit, then prove (proof_commits.cc; CommitProofTx). The bounty of a proof whose witness id
 // is `witness_id`, executed in the block at `height`: the prover of the earliest commitment to
 // it made at least one block before (ties: `sender`, the proof's own prover, if among them, else

@@ -1,6 +1,8 @@
 // Staking: bonding tokens to nodes, unbonding with a delay, withdrawing, and slashing.
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <optional>
 
 #include "execute.h"
 
@@ -138,22 +140,45 @@ Status ExecuteUnstake(ExecContext& ctx, const UnstakeTx& tx) {
 
 Status ExecuteWithdraw(ExecContext& ctx, const WithdrawTx&) {
   const Account* a = ctx.state.accounts.Find(ctx.tx.sender);
-  Amount released = 0;
+  if (a == nullptr) return FailedPrecondition("withdraw: nothing is unbonding");
+  // A matured entry of a node whose units are still under check stays: a slash there must still
+  // reach it (OpenCheckHold). Each node is looked up once.
+  std::map<PublicKey, std::optional<StakeHold>> holds;
+  auto held = [&](const Unbonding& u) -> const StakeHold* {
+    auto [it, added] = holds.try_emplace(u.node_id);
+    if (added) it->second = OpenCheckHold(ctx.state, u.node_id, ctx.height);
+    return it->second && it->second->Holds(u.release_height) ? &*it->second : nullptr;
+  };
+  Amount released = 0, kept = 0;
+  const Unbonding* first_kept = nullptr;
   uint64_t next_release = UINT64_MAX;
   for (const Unbonding& u : a->unbonding) {
-    if (u.release_height <= ctx.height) {
-      ML_RETURN_IF_ERROR(CheckedAdd(released, u.amount, &released, "withdraw"));
-    } else {
+    if (u.release_height > ctx.height) {
       next_release = std::min(next_release, u.release_height);
+    } else if (held(u) != nullptr) {
+      ML_RETURN_IF_ERROR(CheckedAdd(kept, u.amount, &kept, "withdraw"));
+      if (first_kept == nullptr) first_kept = &u;
+    } else {
+      ML_RETURN_IF_ERROR(CheckedAdd(released, u.amount, &released, "withdraw"));
     }
   }
   if (released == 0) {
+    if (first_kept != nullptr) {
+      const StakeHold& h = *held(*first_kept);
+      return FailedPrecondition(
+          "withdraw: " + std::to_string(kept) + " matured but stays slashable: node " +
+          first_kept->node_id.ShortHex() + " solved unit " + std::to_string(h.index) + " of task " +
+          h.task_id.ShortHex() + " and " + h.why + ": retry at height " +
+          std::to_string(h.retry_height) + " or later");
+    }
     if (next_release == UINT64_MAX) return FailedPrecondition("withdraw: nothing is unbonding");
     return FailedPrecondition("withdraw: nothing has matured yet; next release at height " +
                               std::to_string(next_release));
   }
   Account* m = ctx.state.accounts.FindMutable(ctx.tx.sender);
-  std::erase_if(m->unbonding, [&](const Unbonding& u) { return u.release_height <= ctx.height; });
+  std::erase_if(m->unbonding, [&](const Unbonding& u) {
+    return u.release_height <= ctx.height && held(u) == nullptr;
+  });
   return CheckedAdd(m->balance, released, &m->balance, "balance");
 }
 

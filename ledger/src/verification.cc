@@ -170,13 +170,24 @@ std::vector<protocol::NodeId> StageVerifierCandidates(const LedgerState& s, cons
 // check it would let wait out its commit window. Where none of them is live (a chain whose
 // verifiers do not heartbeat), every active one, as before liveness counted. Where every
 // candidate is live, both are the same list: the draw is what it was.
+//
+// Neither list holds a node linked to the solver (LinkedToCheater: its own key, its owner's
+// account, any node of that owner): one operator on both sides could approve its own lazy work
+// without a replay, and catch its own forced errors from the secret it holds. Where every
+// candidate is so linked the list is empty, as on a chain with no verifier: an economic check
+// settles unchecked, a full or target one waits for a beacon with an unlinked verifier
+// (UnitCheck::OnBeacon). A chain whose nodes each have their own owner draws as before.
 std::vector<protocol::NodeId> DrawableVerifiers(const LedgerState& s, const Hash256& task_id,
                                                 uint32_t index, const protocol::NodeId& solver,
                                                 const VerifierPool& pool) {
-  std::vector<protocol::NodeId> live = StageVerifierCandidates(s, task_id, index, pool.live);
-  std::erase(live, solver);
+  auto unlinked = [&](const std::vector<protocol::NodeId>& from) {
+    std::vector<protocol::NodeId> out = StageVerifierCandidates(s, task_id, index, from);
+    std::erase_if(out, [&](const protocol::NodeId& n) { return LinkedToCheater(s, solver, n); });
+    return out;
+  };
+  std::vector<protocol::NodeId> live = unlinked(pool.live);
   if (!live.empty()) return live;
-  return StageVerifierCandidates(s, task_id, index, pool.active);
+  return unlinked(pool.active);
 }
 
 protocol::Reputation ReputationOf(const NodeRecord& n) {
@@ -2237,6 +2248,64 @@ Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const H
     }
   }
   return Status::Ok();
+}
+
+std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& node,
+                                       uint64_t height) {
+  std::optional<StakeHold> earliest;
+  for (const auto& [id, t] : s.tasks.rows()) {
+    for (uint32_t index : t.verification.late_games) {
+      const WorkUnit* u = s.units.Find({id, index});
+      if (u == nullptr || !u->late.open()) continue;
+      Result<protocol::DisputeGame> game = LoadLateGame(*u);
+      if (!game.ok() || game->config().defender != node) continue;
+      // Its unit's round is final: committed before any entry matured that a slash could reach.
+      return StakeHold{.task_id = id,
+                       .index = index,
+                       .round = u->round,
+                       .committed_height = 0,
+                       .why =
+                           "a late dispute on it (LateChallenge) is open; the stake is "
+                           "released once the game is ruled",
+                       .retry_height = std::max(height, game->query().deadline_height) + 1};
+    }
+    if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
+    Result<protocol::RoundStateMachine> m = LoadMachine(t);
+    if (!m.ok() || m->phase() == protocol::RoundPhase::kRoundPhaseFinal) continue;
+    const uint32_t per_round = t.params.units_per_round;
+    for (uint32_t index = m->final_rounds() * per_round; index < (m->round() + 1) * per_round;
+         ++index) {
+      const WorkUnit* u = s.units.Find({id, index});
+      if (u == nullptr || u->check.empty() || !m->Unfinal(u->round)) continue;
+      Result<UnitCheck> c = LoadCheck(*u);
+      if (!c.ok() || c->config().solver != node) continue;
+      if (earliest && earliest->committed_height <= c->config().commit_height) continue;
+      // The end of the window the check is in now: a lower bound on when it can be over (a
+      // dispute's next turns, a merits window and the round's finality may come after it).
+      uint64_t end = height;
+      if (c->stage() == CheckStage::kCheckCommitVerdicts ||
+          c->stage() == CheckStage::kCheckRevealVerdicts) {
+        end = std::max(end, c->deadline_height());
+      }
+      if (c->dispute()) end = std::max(end, c->dispute()->query().deadline_height);
+      if (c->awaits_merits()) end = std::max(end, c->merits_deadline());
+      std::string why = c->stage() == CheckStage::kCheckSettled
+                            ? "its check settled " +
+                                  std::string(protocol::CheckResultName(c->result())) +
+                                  " in round " + std::to_string(u->round) +
+                                  ", which is not final: a whistleblower may still challenge it"
+                            : "its check is " + std::string(protocol::CheckStageName(c->stage()));
+      why += "; the stake is released once the check has settled and round " +
+             std::to_string(u->round) + " is final";
+      earliest = StakeHold{.task_id = id,
+                           .index = index,
+                           .round = u->round,
+                           .committed_height = c->config().commit_height,
+                           .why = std::move(why),
+                           .retry_height = end + 1};
+    }
+  }
+  return earliest;
 }
 
 Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {

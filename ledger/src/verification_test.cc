@@ -2460,6 +2460,39 @@ INSTANTIATE_TEST_SUITE_P(EachSide, LateGameTest,
                            return "";
                          });
 
+// A late game holds its defender's unbonding stake as a live check does (OpenCheckHold): s1 left
+// after its task finished, and its owner's Withdraw of the matured entry comes in the block a late
+// game on its poisoned unit opens: refused, naming the game. s1 falls silent and loses: the slash
+// reaches the entry, and the rest is withdrawn once the game is over.
+TEST_F(LateGameTest, AnOpenLateGameHoldsItsDefendersUnbondingStake) {
+  RunPoisonedTask();
+  StepOk({N(s1_, LeaveNodeTx{.node_id = s1_.public_key()})});
+  Steps(static_cast<int>(genesis_.params.unbonding_delay_blocks) + 1);  // matured
+  const TaskRecord finished = Task();  // past its audit window too: the model stays
+  while (chain_->Height() + 1 <= AuditWindowEnd(finished, genesis_.params.audit_window_blocks)) {
+    Step();
+  }
+  const Amount cost = UnitCost(Task(), Unit(u_).price);
+  const Amount entry = chain_->GetAccount(alice_.public_key())->unbonding.at(0).amount;
+  const Amount alice_before = Balance(alice_);
+  std::vector<Receipt> r = Step({Late(dave_, 1, states_[4], cost), Q(alice_, WithdrawTx{})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_FALSE(r[1].ok);
+  EXPECT_NE(r[1].reason.find("late dispute"), std::string::npos) << r[1].reason;
+  EXPECT_NE(r[1].reason.find("unit " + std::to_string(u_)), std::string::npos) << r[1].reason;
+  PlayLate(nullptr, [&](uint64_t s) { return states_[s]; });
+  Step();
+  ASSERT_FALSE(Unit(u_).late.open());
+  ASSERT_EQ(Task().verification.proven_frauds.size(), 1u);
+  const ProvenFraud f = Task().verification.proven_frauds[0];
+  EXPECT_GT(f.slashed, 0u);
+  const Amount left = entry - f.slashed - f.clawed_back;
+  ASSERT_EQ(chain_->GetAccount(alice_.public_key())->unbonding.at(0).amount, left);
+  StepOk({Q(alice_, WithdrawTx{})});
+  EXPECT_EQ(Balance(alice_), alice_before + left);
+  EXPECT_TRUE(chain_->GetTotals().Check().ok());
+}
+
 // A unit taken back while its late game runs (here proven by a ProveFraud that fits) leaves the
 // game nothing to decide: it closes and the challenger gets its bond back.
 TEST_F(FraudProofTest, ALateGameWhoseUnitIsProvenMeanwhileReturnsItsBond) {
@@ -2960,6 +2993,136 @@ TEST_F(CappedRewardTest, AVerifiersDisputeWinIsNeverMoreThanTheSolversSlashTook)
   EXPECT_TRUE(after.Check().ok());
   EXPECT_EQ(after.minted, before.minted);
   ExpectEarningsAddUpToTheTask();
+}
+
+// A verifier of the solver's owner is never drawn to check it (LinkedToCheater: one operator on
+// both sides approves its own work without a replay). Here v1 is alice's, as s1 is: with full
+// assurance s1's unit waits for an unlinked verifier rather than take v1 (which checks s2's
+// unit), and the next beacon after dave's v2 registers draws v2.
+TEST_F(VerificationTest, AVerifierOfTheSolversOwnerIsNeverDrawnToCheckIt) {
+  owner_[v1_.public_key()] = &alice_;
+  assurance_ = 1;
+  Start(/*verifiers=*/1);
+  const int mine = UnitOf(s1_), other = UnitOf(s2_);
+  ASSERT_GE(mine, 0);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(Node(v1_).owner, Node(s1_).owner);
+  CommitAll({{mine, false}, {other, false}});
+  Step();  // the beacon
+  EXPECT_EQ(Check(other).verifiers(), std::vector<protocol::NodeId>{v1_.public_key()});
+  EXPECT_EQ(Check(mine).stage(), CheckStage::kCheckAwaitingBeacon);
+  EXPECT_TRUE(Check(mine).verifiers().empty());
+  StepOk({N(v2_, Reg(v2_, kRoleVerifier))});
+  Step();
+  ASSERT_EQ(Check(mine).stage(), CheckStage::kCheckCommitVerdicts);
+  EXPECT_EQ(Check(mine).verifiers(), std::vector<protocol::NodeId>{v2_.public_key()});
+}
+
+// Economic assurance: where the only verifier is linked to the solver, the unit settles
+// unchecked, as on a chain with no verifier.
+TEST_F(VerificationTest, EconomicAssuranceWithOnlyTheSolversOwnVerifierSettlesUnchecked) {
+  owner_[v1_.public_key()] = &alice_;
+  Start(/*verifiers=*/1);
+  const int mine = UnitOf(s1_), other = UnitOf(s2_);
+  CommitAll({{mine, false}, {other, false}});
+  Step();  // the beacon
+  EXPECT_TRUE(Check(mine).verifiers().empty());
+  EXPECT_EQ(Check(other).verifiers(), std::vector<protocol::NodeId>{v1_.public_key()});
+}
+
+// A solver's stake stays slashable until its checks are over: s1 commits a lazy unit and leaves
+// (LeaveNode: all its stake unbonds), and its owner's Withdraw of the matured entry is refused
+// while the unit is under check, naming the unit and a height to retry. The dispute rules fraud:
+// the slash takes the unbonding entry (TakeBondedStake). Once the check is gone (the round
+// re-runs without s1), the rest is withdrawn. Every token stays accounted for.
+class StakeHoldTest : public VerificationTest {
+ protected:
+  StakeHoldTest() {
+    genesis_.params.unbonding_delay_blocks = 1;  // matured the next block
+    genesis_.params.audit_window_blocks = 1;
+  }
+  std::vector<Unbonding> UnbondingOf(const KeyPair& k) {
+    return chain_->GetAccount(k.public_key())->unbonding;
+  }
+};
+
+TEST_F(StakeHoldTest, ASolverThatLeavesCannotWithdrawUntilItsCheckIsOverAndIsSlashedByIt) {
+  Start();
+  const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
+  ASSERT_GE(lazy, 0);
+  ASSERT_GE(honest, 0);
+  const Totals start = chain_->GetTotals();
+  CommitAll({{lazy, true}, {honest, false}});
+  StepOk({N(s1_, LeaveNodeTx{.node_id = s1_.public_key()})});  // and the beacon
+  ASSERT_EQ(Node(s1_).stake, 0u);
+  ASSERT_EQ(UnbondingOf(alice_).size(), 1u);
+  const uint64_t matured = UnbondingOf(alice_)[0].release_height;
+  const Amount alice_before = Balance(alice_);
+  // v1 catches the lazy unit; s1 (gone, but still its unit's defender) loses the dispute. In
+  // the verdicts' block the entry has matured, and alice's Withdraw is refused.
+  Sealed caught = Mismatch(lazy, 0, /*solver_lazy=*/true, TrueState(lazy, 2));
+  Sealed ok = Clean();
+  std::vector<Receipt> r =
+      Step({SealTx(v1_, lazy, caught), SealTx(v1_, honest, ok), Q(alice_, WithdrawTx{})});
+  ASSERT_TRUE(r[0].ok && r[1].ok) << r[0].reason << r[1].reason;
+  ASSERT_LE(matured, chain_->Height());
+  EXPECT_FALSE(r[2].ok);
+  EXPECT_EQ(r[2].code, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r[2].reason.find("unit " + std::to_string(lazy) + " of task"), std::string::npos)
+      << r[2].reason;
+  EXPECT_NE(r[2].reason.find("retry at height"), std::string::npos) << r[2].reason;
+  EXPECT_EQ(UnbondingOf(alice_).size(), 1u);
+  StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
+  StepOk(
+      {RevealTx(v1_, lazy, caught), RevealTx(v1_, honest, ok), SecretTx(lazy), SecretTx(honest)});
+  StepUntil(lazy, CheckStage::kCheckDisputed);
+  r = Step({Q(alice_, WithdrawTx{})});
+  EXPECT_FALSE(r[0].ok) << "withdrawn while its unit is disputed";
+  EXPECT_NE(r[0].reason.find("disputed"), std::string::npos) << r[0].reason;
+  PlayDispute(lazy, nullptr, [&](uint64_t s) { return TrueState(lazy, s); });
+  ASSERT_TRUE(Rerunning());
+  const Amount slash = kSlashMultiple * kTestUnitCost;
+  EXPECT_EQ(Node(s1_).earnings.slashed, slash);  // a whole slash, from the unbonding entry
+  ASSERT_EQ(UnbondingOf(alice_).size(), 1u);
+  EXPECT_EQ(UnbondingOf(alice_)[0].amount, kStake - slash);
+  // The check went with the round's re-run: nothing holds the rest.
+  StepOk({Q(alice_, WithdrawTx{})});
+  EXPECT_EQ(Balance(alice_), alice_before + kStake - slash);
+  EXPECT_TRUE(UnbondingOf(alice_).empty());
+  const Totals end = chain_->GetTotals();
+  EXPECT_TRUE(end.Check().ok()) << end.Check().ToString();
+  EXPECT_EQ(end.minted, start.minted);
+}
+
+// An Unstake's entry is held the same way, and past the check's settlement: while the round is
+// not final a whistleblower may still challenge the unit (ChallengeUnit), and a slash then must
+// reach the entry. Once the round is final (here the task finishes), the entry is released.
+TEST_F(StakeHoldTest, AnUnstakedEntryIsHeldUntilItsUnitsRoundIsFinal) {
+  Start();
+  const int u1 = UnitOf(s1_), u2 = UnitOf(s2_);
+  CommitAll({{u1, false}, {u2, false}});
+  Aggregate();  // and the beacon
+  const Amount part = kStake - genesis_.params.min_stake_solver;
+  Sealed a = Clean(), b = Clean();
+  StepOk({N(s1_, UnstakeTx{.node_id = s1_.public_key(), .amount = part}), SealTx(v1_, u1, a),
+          SealTx(v1_, u2, b)});
+  std::vector<Receipt> r = Step({Q(alice_, WithdrawTx{})});  // matured
+  ASSERT_FALSE(r[0].ok);
+  EXPECT_NE(r[0].reason.find("unit " + std::to_string(u1)), std::string::npos) << r[0].reason;
+  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
+  StepUntilDone(u1);
+  StepUntilDone(u2);
+  for (int u : {u1, u2}) ASSERT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
+  ASSERT_TRUE(Machine().Unfinal(0));
+  r = Step({Q(alice_, WithdrawTx{})});
+  ASSERT_FALSE(r[0].ok) << "withdrawn while a whistleblower may still challenge the unit";
+  EXPECT_NE(r[0].reason.find("whistleblower"), std::string::npos) << r[0].reason;
+  FinishTask();
+  const Amount before = Balance(alice_);
+  StepOk({Q(alice_, WithdrawTx{})});
+  EXPECT_EQ(Balance(alice_), before + part);
+  EXPECT_TRUE(chain_->GetTotals().Check().ok());
 }
 
 TEST_F(VerificationTest, ASolverThatNeverRevealsLosesTheUnitWithoutASlash) {
