@@ -57,8 +57,9 @@ std::optional<PublicKey> TakeProofCommitter(LedgerState& s, const Hash256& witne
   for (const auto& [k, c] : s.proof_commits.rows()) {
     if (ProofCommitment(witness_id, c.prover) != c.commitment) continue;
     spent.push_back(k);
-    // At least one block older than the proof, and not expired (EndBlock drops those; a proof
-    // in the block that would have dropped it does not count it either).
+    // At least one block older than the proof, and not expired: a proof in block
+    // c.height + kProofCommitmentBlocks still counts it (a block's proofs run before its
+    // EndBlock, whose ExpireProofCommits then drops it), one after it never does.
     if (c.height >= height || c.height + kProofCommitmentBlocks < height) continue;
     if (nodes_only && s.nodes.Find(c.prover) == nullptr) continue;
     if (!best || c.height < best->height ||

@@ -89,7 +89,8 @@ struct NodeCapabilities {
   // docs/node.md, "Stage tensors live in files"): node.toml's disk_limit_bytes, else its data
   // dir's free space when it started less a tenth (node::OfferedDiskBytes). The scheduler places
   // a stage only on a node whose disk holds the stage's protocol::StageDiskBytes. 0: none
-  // declared (a record or a client from before the field): its disk is not checked.
+  // declared (a record from before the field; RegisterNode and UpdateNode always carry it, so a
+  // client from before it no longer decodes): its disk is not checked.
   uint64_t disk_bytes = 0;
 
   // The fields a node record held before disk_bytes: EncodeNode writes these in place and
@@ -351,7 +352,10 @@ struct ProvenFraud {
   uint64_t height = 0;     // the block that accepted the proof
   Amount slashed = 0;      // taken from the solver's stake and unbonding
   Amount clawed_back = 0;  // of what the unit was paid, back to the submitter
-  Amount bounty = 0;       // to the prover, from the jackpot
+  // From the jackpot to the earliest committer to the proof's witness (TakeProofCommitter:
+  // not necessarily `prover`, and not recorded here; the ledger's log names it) or, for a late
+  // game, to its challenger; 0 when nobody committed (it stayed in the jackpot).
+  Amount bounty = 0;
   // Whether the proof took the task back (it was open, or finished within its audit window:
   // docs/verification.md, "Fraud proofs after the fact"), and to which round: the first that
   // held a paid unit of the solver.

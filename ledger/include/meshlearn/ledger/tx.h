@@ -593,8 +593,9 @@ struct ChallengeUnitTx {
 // the solver, not only the one that challenged) sends the SegmentWitness of the disputed segment
 // `segment` (what ProveFraudTx carries; the ledger replays it with ExecuteSegmentWitness). If
 // the segment does not replay to the solver's committed end, the check settles as fraud on the
-// merits: the solver and the verifiers that called the unit clean are slashed, and `node_id`
-// gets the bounty (the whole of it only when it is the whistleblower that challenged). Refused,
+// merits: the solver and the verifiers that called the unit clean are slashed, and the earliest
+// node that committed to the witness a block or more before (CommitProofTx; none: nobody) gets
+// the bounty (the whole of it only when it is the whistleblower that challenged). Refused,
 // changing nothing, outside the window, for another segment, or when
 // the segment replays to its committed end. For a unit whose segments the ledger replays from a
 // witness (exact mode, a data root, not a token task nor a pipeline stage); for the others the
@@ -781,8 +782,10 @@ Result<ResultWitness> DecodeResultWitness(ByteSpan bytes);
 // Anyone (a registered node `node_id` of the sender: verifiers check every result they replay,
 // whistleblowers sample) shows that unit `index`'s result_hash is not the delta of the state
 // its last leaf commits to, until the unit's round is final: the unit is fraud at once (the
-// solver slashed, the node rewarded from the jackpot, the round re-run). Refused, changing
-// nothing, when the witness does not check out or the result is right.
+// solver slashed, the round re-run, and the earliest node that committed to the witness a
+// block or more before rewarded from the jackpot: CommitProofTx, not necessarily `node_id`;
+// none: nobody). Refused, changing nothing, when the witness does not check out or the result is
+// right.
 struct ProveResultTx {
   static constexpr TxType kType = TxType::kProveResult;
   Hash256 task_id;
@@ -834,8 +837,10 @@ Result<SegmentWitness> DecodeSegmentWitness(ByteSpan bytes);
 // Accepted only for a paid unit whose round is final (before that the dispute path applies:
 // verdicts, ChallengeUnit) and while the solver's stake is bonded (on the node, or unbonding and
 // not withdrawn), once per unit. Then the solver is slashed (stake, then unbonding) and jailed,
-// what it was paid for the unit is clawed back to the submitter, the sender gets a bounty from
-// the jackpot, and the task's record marks the unit's round (VerificationTally::proven_frauds).
+// what it was paid for the unit is clawed back to the submitter, the earliest prover that
+// committed to the witness a block or more before (CommitProofTx; none: nobody, whoever sent
+// it) gets a bounty from the jackpot, and the task's record marks the unit's round
+// (VerificationTally::proven_frauds).
 // Refused, changing nothing, when the witness does not check out or the segment replays to its
 // committed end. May be longer than kMaxTxBytes (kMaxLargeTxBytes).
 // A pipeline stage's unit: `segment` is the step (as in its check), and `witness` is the

@@ -36,7 +36,7 @@
 // that loses only by missing its turn showed nothing about its work: the merits window opens
 // (awaits_merits()), in which a whistleblower may show the disputed segment false on the merits
 // (OnMeritsShown: the ledger replays its witness); then the approving verifiers are slashed and
-// the prover is paid the bounty. At the window's end without it, only the solver is slashed,
+// the bounty is paid (to the earliest committer to the witness, OnMeritsShown's `payee`). At the window's end without it, only the solver is slashed,
 // the approving verifiers keep their stake and the whistleblower's bounty is only what the
 // solver's slash put into the jackpot (CheckEffects::bounty_by_silence).
 //
@@ -251,15 +251,14 @@ class UnitCheck {
   // segment must be the disputed one; any node but the solver may show it (a whistleblower in
   // league with a lazy solver cannot shield the solver's rubber stamps by letting it fall
   // silent). Settles as fraud: the solver and every verifier that revealed "clean" slashed,
-  // `prover` paid the bounty (a whistleblower that itself missed its turn is slashed, unpaid):
-  // the whole bounty only to the whistleblower that challenged, to any other prover only the
-  // jackpot's share of the solver's slash (bounty_by_silence), so that a silent solver showing
-  // its own merits from a second node does not get its slash back.
+  // `payee` paid the bounty (the ledger's earliest committer to the witness, which a copier of
+  // `prover`'s proof never is; nullopt: nobody, it stays in the jackpot; a whistleblower that
+  // itself missed its turn is slashed, unpaid): the whole bounty only when `payee` is the
+  // whistleblower that challenged, to any other payee only the jackpot's share of the solver's
+  // slash (bounty_by_silence), so that a silent solver showing its own merits from a second node
+  // does not get its slash back. The overload without `payee` pays `prover`.
   // FailedPrecondition outside the window, DeadlineExceeded after it, InvalidArgument for
   // another segment or the solver itself.
-  // `payee`: who gets the bounty (the ledger's earliest committer to the witness, which a copier
-  // of `prover`'s proof never is); nullopt: nobody, it stays in the jackpot. The whole bounty
-  // only when it is the whistleblower that challenged.
   Result<CheckEffects> OnMeritsShown(const NodeId& prover, uint32_t segment, uint64_t height,
                                      const std::optional<NodeId>& payee);
   Result<CheckEffects> OnMeritsShown(const NodeId& prover, uint32_t segment, uint64_t height) {
@@ -277,12 +276,12 @@ class UnitCheck {
   // state gives (result != the delta of the state that hashes to the last leaf: ProveResult).
   // No game is needed: it is one computation over committed data. At any stage until the round
   // is final (the ledger checks that), unless the unit is already being re-run: the check
-  // settles as fraud (the solver slashed, `prover` paid the bounty, never more than the slash
+  // settles as fraud (the solver slashed, `payee` paid the bounty, never more than the slash
   // took; the unit re-run). Verdicts still open are void (verifiers replay segments; the result
   // is everyone's to check), a running dispute is dropped. A forced-error unit cannot be
   // disproved this way: its last leaf is a
   // ForcedLeaf, which no state hashes to.
-  // `payee`: who gets the bounty (as OnMeritsShown's).
+  // `payee`: who gets the bounty (as OnMeritsShown's; the overload without it pays `prover`).
   Result<CheckEffects> OnResultDisproved(const NodeId& prover, uint64_t height,
                                          const std::optional<NodeId>& payee);
   Result<CheckEffects> OnResultDisproved(const NodeId& prover, uint64_t height) {
