@@ -76,8 +76,9 @@ enum class NodeStatus : uint8_t {
 std::string_view NodeStatusName(NodeStatus s);
 
 // What a node can do, measured by `meshlearn node bench` and reported at registration.
-// The scheduler (protocol/scheduler.h) reads memory, disk, throughput, latency and bandwidth; a
-// node with throughput or bandwidth 0 gets no work.
+// The scheduler (protocol/scheduler.h) reads memory, throughput, latency and bandwidth, and
+// pipeline stage placement (protocol/stage_placement.h) the disk too; a node with throughput or
+// bandwidth 0 gets no work.
 struct NodeCapabilities {
   uint32_t cores = 0;
   uint64_t memory_bytes = 0;

@@ -69,7 +69,8 @@ struct NodeView {
   NodeId id;
   uint64_t memory_bytes = 0;  // memory available for training
   // Disk offered to pipeline stage files (NodeCapabilities::disk_bytes); 0: none declared, not
-  // checked. Only PlaceStages reads it (StageHoldBytes).
+  // checked. Only stage placement reads it (StageHoldBytes: PlaceStages, and `task quote`'s
+  // count of the nodes that can take a stage).
   uint64_t disk_bytes = 0;
   uint64_t throughput_flops = 0;       // FLOP/s measured by the standard benchmark
   uint32_t latency_ms = 0;             // reported round-trip latency to the network
