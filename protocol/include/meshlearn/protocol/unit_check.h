@@ -36,9 +36,10 @@
 // that loses only by missing its turn showed nothing about its work: the merits window opens
 // (awaits_merits()), in which a whistleblower may show the disputed segment false on the merits
 // (OnMeritsShown: the ledger replays its witness); then the approving verifiers are slashed and
-// the bounty is paid (to the earliest committer to the witness, OnMeritsShown's `payee`). At the window's end without it, only the solver is slashed,
-// the approving verifiers keep their stake and the whistleblower's bounty is only what the
-// solver's slash put into the jackpot (CheckEffects::bounty_by_silence).
+// the bounty is paid (to the earliest committer to the witness, OnMeritsShown's `payee`). At
+// the window's end without it, only the solver is slashed, the approving verifiers keep their
+// stake and the whistleblower's bounty is only what the solver's slash put into the jackpot
+// (CheckEffects::bounty_by_silence).
 //
 // Everything is decided here; the ledger applies the returned CheckEffects (slash, pay, fail).
 #pragma once
