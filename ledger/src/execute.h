@@ -217,14 +217,17 @@ Status DriveChecks(LedgerState& s, const Genesis& g, uint64_t height, const Hash
 // milliseconds, plus one, over the interval, plus one (a turn that starts late in a block still
 // gets the work's time). The one conversion of work into a turn's blocks.
 uint64_t BlocksForFlops(const Genesis& g, uint64_t flops, uint64_t flops_per_second);
+// The blocks of the chain's interval that `ms` milliseconds take: ms over the interval, plus one.
+uint64_t BlocksForMs(const Genesis& g, uint64_t ms);
 // Blocks each turn of a late game on a unit of `t` may take: the unit's work (UnitFlops) at a
 // floor throughput of 1 GFLOP/s (BlocksForFlops), at least dispute_response_blocks.
 uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t);
 // Blocks each dispute turn (and the merits window) of the check of unit `index` of a task with
 // params `p` may take (UnitCheckConfig::dispute_response_blocks, set when the check opens): for a
 // pipeline stage's unit, twice its stage's step (stage_flops) at a floor throughput of
-// 100 MFLOP/s (BlocksForFlops), at least dispute_response_blocks, so an honest stage can trace
-// its step under load within a turn; for any other unit, dispute_response_blocks.
+// 100 MFLOP/s (BlocksForFlops), at most an hour (the declared stage_flops is not checked against
+// the model), at least dispute_response_blocks, so an honest stage can trace its step under load
+// within a turn; for any other unit, dispute_response_blocks.
 uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t index);
 // The end-of-block step for the late games open on task `task_id` (any status): deadlines (a
 // silent party loses, DisputeGame::OnBlock) and their settlement; a game whose unit was taken

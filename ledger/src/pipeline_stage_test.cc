@@ -1106,6 +1106,19 @@ TEST_F(PipelineFlatTurnTest, ALightStageKeepsTheChainsFlatTurn) {
   }
 }
 
+// The ledger takes stage_flops as declared: a stage declaring the most work a u64 holds, or a
+// PFLOP a step, gets an hour's turn (3,601 blocks of 1 s), not 2^64 / 10^8 s, so a silent party's
+// game still ends and its round can become final.
+TEST_F(PipelineFlatTurnTest, ADeclaredStageWorkBeyondAnHoursTraceGetsAnHoursTurn) {
+  Start([](TaskParams& p) { p.stage_flops = {UINT64_MAX, 1'000'000'000'000'000, 1'000'000}; });
+  CommitStages();
+  const uint64_t want[kStages] = {3601, 3601, 5};
+  for (uint32_t st = 0; st < kStages; ++st) {
+    ASSERT_TRUE(HasCheck(st)) << st;
+    EXPECT_EQ(Check(st).config().dispute_response_blocks, want[st]) << "stage " << st;
+  }
+}
+
 // An honest stage, disputed by a made-up claim on its step 1, that takes longer than the chain's
 // flat turn to answer (a traced replay of its step on a loaded node) but answers within its
 // stage's turn is not timed out: its post is taken and the game goes on, nobody slashed. With the

@@ -1053,10 +1053,13 @@ Amount LateChallengeMinBond(const TaskRecord& t, const WorkUnit& u) {
   return AssignedUnitCost(t, u);
 }
 
-uint64_t BlocksForFlops(const Genesis& g, uint64_t flops, uint64_t flops_per_second) {
-  const uint64_t ms = flops / std::max<uint64_t>(flops_per_second / 1000, 1) + 1;
+uint64_t BlocksForMs(const Genesis& g, uint64_t ms) {
   const uint64_t interval = std::max<uint64_t>(SchedulerParamsOf(g).block_interval_ms, 1);
   return ms / interval + 1;
+}
+
+uint64_t BlocksForFlops(const Genesis& g, uint64_t flops, uint64_t flops_per_second) {
+  return BlocksForMs(g, flops / std::max<uint64_t>(flops_per_second / 1000, 1) + 1);
 }
 
 uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t) {
@@ -1073,11 +1076,19 @@ uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t) {
 // plain re-run floor.
 constexpr uint64_t kStageTraceFloorFlopsPerSecond = 100'000'000;
 
+// The longest a stage's turn is sized to, whatever its declared stage_flops: an hour (360 TFLOP
+// at the floor, far above any stage step a node can hold). The ledger takes stage_flops as the
+// submitter declares it (honest nodes refuse a task whose bundle gives other figures), so without
+// a ceiling a task declaring 2^64 would give a silent party a turn that never ends: its round never
+// final, the solver's stake held (StakeHold) for good.
+constexpr uint64_t kStageTurnCeilingMs = 3'600'000;
+
 uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t index) {
   if (!IsPipelineTask(p)) return g.params.dispute_response_blocks;
   const uint64_t flops = p.stage_flops.at(StageSlotOf(p, index).stage);
-  return std::max(g.params.dispute_response_blocks,
-                  2 * BlocksForFlops(g, flops, kStageTraceFloorFlopsPerSecond));
+  const uint64_t sized = std::min(2 * BlocksForFlops(g, flops, kStageTraceFloorFlopsPerSecond),
+                                  BlocksForMs(g, kStageTurnCeilingMs));
+  return std::max(g.params.dispute_response_blocks, sized);
 }
 
 Result<protocol::DisputeGame> LoadLateGame(const WorkUnit& u) {
