@@ -27,6 +27,7 @@
 #include "meshlearn/node/agent.h"
 #include "meshlearn/node/bench.h"
 #include "meshlearn/node/chain_client.h"
+#include "meshlearn/node/stage_evidence.h"
 
 namespace meshlearn::cli {
 namespace {
@@ -346,7 +347,12 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   ML_LOG_INFO("node {} ({}), data dir {}", key.public_key().ToHex(), created ? "new key" : "key loaded",
               c.data_dir);
   // The disk it offers to stage files, checked against what the data dir has free before
-  // anything else runs (the data dir exists: the key is in it).
+  // anything else runs (the data dir exists: the key is in it). The stage files an earlier process
+  // left are deleted first (the agent would delete them at its start: StageEvidence::
+  // DeleteLeftovers), so a restart measures the disk it will have, and a limit that fitted before
+  // a crash still fits.
+  ML_RETURN_IF_ERROR(node::StageEvidence(Env::Default(), HomeLayout(c.data_dir).StageEvidenceDir())
+                         .DeleteLeftovers());
   const bool disk_flag = a.disk_limit != UINT64_MAX;
   ML_ASSIGN_OR_RETURN(const uint64_t free_disk, node::FreeDiskBytes(c.data_dir));
   ML_ASSIGN_OR_RETURN(

@@ -118,21 +118,28 @@ std::string ProofLine(int64_t segment, const json& p) {
   for (const json& r : p.value("fraud_rounds", json::array())) {
     rounds += (rounds.empty() ? "" : ", ") + r.dump();
   }
+  // Its commitment refused (SendProveFraud): the bounty is an earlier commitment's, if any.
+  const std::string uncommitted =
+      p.contains("commit_error")
+          ? " (sent without a commitment of this run: " + p.value("commit_error", std::string()) +
+                "; the bounty went to an earlier commitment of the same witness, or stays in the "
+                "jackpot)"
+          : "";
   if (p.value("rewound", false)) {
     // Within the task's audit window (or while it runs): the task trains again without it.
     return fmt::format(
         "segment {} re-executed by the ledger ({} bytes of witness): PROVEN; solver slashed {}, "
         "bounty {}; the task is reopened from round {} (the first its solver worked in) and "
-        "runs again without it, {} of its pay clawed back into the escrow for the redo",
+        "runs again without it, {} of its pay clawed back into the escrow for the redo{}",
         segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
         p.value("bounty", uint64_t{0}), p.value("rewound_to", uint32_t{0}),
-        p.value("clawed_back", uint64_t{0}));
+        p.value("clawed_back", uint64_t{0}), uncommitted);
   }
   return fmt::format(
       "segment {} re-executed by the ledger ({} bytes of witness): PROVEN; solver slashed {}, "
-      "{} clawed back to the submitter, bounty {}; the task's record marks round(s) {}",
+      "{} clawed back to the submitter, bounty {}; the task's record marks round(s) {}{}",
       segment, p.value("witness_bytes", uint64_t{0}), p.value("slashed", uint64_t{0}),
-      p.value("clawed_back", uint64_t{0}), p.value("bounty", uint64_t{0}), rounds);
+      p.value("clawed_back", uint64_t{0}), p.value("bounty", uint64_t{0}), rounds, uncommitted);
 }
 
 // Signs `payload` with `key`, sends it and waits for its block; `out` gains the transaction's id,
@@ -188,16 +195,21 @@ json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
                     const node::AuditUnit& u, ledger::ProveFraudTx tx, json out) {
   const Hash256 task_id = tx.task_id;
   // Commit, then prove (docs/verification.md): the bounty is the earliest committer's and the
-  // proof goes after its commitment's block, so a copier of the public proof cannot take it.
+  // proof goes after its commitment's block, so a copier of the public proof cannot take it. A
+  // commitment refused does not stop the proof, as in the node's VerifyOutbox::SendProof: a re-run
+  // of an audit whose first run's commitment landed but whose proof did not (killed, or its wait
+  // timed out) is refused the same commitment as a replay, and the one kept still takes the
+  // bounty; with none (the prover's or the chain's bound full) the proof still rules, its bounty
+  // left in the jackpot.
   json commit;
   const ledger::CommitProofTx c{
       .commitment = ledger::ProofCommitment(ledger::ProofWitnessId(tx), key.public_key()),
       .prover = key.public_key()};
-  if (!SendAndWait(rpc, key, chain_id, c, "CommitProof", "proof's commitment", &commit)) {
-    out["error"] = commit.value("error", std::string("the commitment was not sent"));
-    return out;
+  if (SendAndWait(rpc, key, chain_id, c, "CommitProof", "proof's commitment", &commit)) {
+    out["commit_tx"] = commit["tx"];
+  } else {
+    out["commit_error"] = commit.value("error", std::string("the commitment was not sent"));
   }
-  out["commit_tx"] = commit["tx"];
   if (!SendAndWait(rpc, key, chain_id, std::move(tx), "ProveFraud", "proof", &out)) return out;
   Result<json> t = GetTask(rpc, task_id, false);
   if (t.ok()) (void)RecordProvenFraud(t->value("verification", json::object()), u.index, &out);
