@@ -1076,8 +1076,9 @@ uint64_t LateResponseBlocks(const Genesis& g, const TaskRecord& t) {
 // plain re-run floor.
 constexpr uint64_t kStageTraceFloorFlopsPerSecond = 100'000'000;
 
-// The longest a stage's turn is sized to, whatever its declared stage_flops: an hour (360 TFLOP
-// at the floor, far above any stage step a node can hold). The ledger takes stage_flops as the
+// The longest a stage's turn is sized to, whatever its declared stage_flops: an hour (twice a
+// step of 180 GFLOP at the floor; a node tracing at 10 GFLOP/s does 36 TFLOP in it, the 10M GPT's
+// heaviest stage step being 2.8 GFLOP on the devnet). The ledger takes stage_flops as the
 // submitter declares it (honest nodes refuse a task whose bundle gives other figures), so without
 // a ceiling a task declaring 2^64 would give a silent party a turn that never ends: its round never
 // final, the solver's stake held (StakeHold) for good.
