@@ -37,7 +37,7 @@ Status ExecuteCommitProof(ExecContext& ctx, const CommitProofTx& tx) {
   }
   uint32_t mine = 0;
   for (const auto& [k, c] : s.proof_commits.rows()) mine += c.prover == tx.prover;
-  if (mine >= kMaxProofCommitmentsPerSender) {
+  if (mine >= kMaxProofCommitmentsPerProver) {
     return ResourceExhausted("commit proof: prover " + tx.prover.ShortHex() + " keeps " +
                              std::to_string(mine) +
                              " commitments, the most one key may; send "

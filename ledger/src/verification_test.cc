@@ -1730,7 +1730,7 @@ TEST_F(VerificationTest, ACommitProofIsRefusedWhenMalformedReplayedOrOverItsBoun
           N(v2_, CommitProofTx{.commitment = Blake2b("n"), .prover = v2_.public_key()})});
   refused(commit(dave_, Blake2b("c"), dave), StatusCode::kAlreadyExists, "already");
   std::vector<Transaction> more;
-  for (uint32_t i = 1; i < kMaxProofCommitmentsPerSender; ++i) {
+  for (uint32_t i = 1; i < kMaxProofCommitmentsPerProver; ++i) {
     more.push_back(commit(dave_, Blake2b("c" + std::to_string(i)), dave));
   }
   StepOk(std::move(more));

@@ -908,7 +908,7 @@ struct LateChallengeTx {
 // commitment to that witness is at least one block older than the proof, which a copier's, made
 // after the proof it copied was public, never is. Kept kProofCommitmentBlocks blocks, then
 // dropped (EndBlock). Refused: an all-zero commitment, one already kept (a replay), a prover
-// neither the sender nor a node it owns, a prover holding kMaxProofCommitmentsPerSender, a chain
+// neither the sender nor a node it owns, a prover holding kMaxProofCommitmentsPerProver, a chain
 // holding kMaxProofCommitments.
 struct CommitProofTx {
   static constexpr TxType kType = TxType::kCommitProof;
@@ -963,7 +963,7 @@ Result<Transaction> DecodeTx(ByteSpan wire);
 // kProofCommitmentBlocks blocks after its own, and is dropped after them: commitments do not
 // pile up, and the two bounds keep the ledger's scan of them (once per proof) short.
 inline constexpr uint64_t kProofCommitmentBlocks = 256;
-inline constexpr uint32_t kMaxProofCommitmentsPerSender = 16;
+inline constexpr uint32_t kMaxProofCommitmentsPerProver = 16;
 inline constexpr uint32_t kMaxProofCommitments = 4096;
 // What a proof shows, without who sends it: its type, unit, segment and witness bytes (BLAKE2b).
 // The one derivation the ledger (which pays the bounty) and the provers (node roles, `task audit
