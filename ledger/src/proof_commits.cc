@@ -13,6 +13,14 @@
 #include "execute.h"
 
 namespace meshlearn::ledger {
+namespace {
+
+// The last height whose proofs count commitment `c`: a block's proofs run before its EndBlock,
+// whose ExpireProofCommits then drops `c`, so a proof in this block still counts it and one
+// after it never does.
+uint64_t LastCountingHeight(const ProofCommit& c) { return c.height + kProofCommitmentBlocks; }
+
+}  // namespace
 
 Status ExecuteCommitProof(ExecContext& ctx, const CommitProofTx& tx) {
   LedgerState& s = ctx.state;
@@ -57,10 +65,8 @@ std::optional<PublicKey> TakeProofCommitter(LedgerState& s, const Hash256& witne
   for (const auto& [k, c] : s.proof_commits.rows()) {
     if (ProofCommitment(witness_id, c.prover) != c.commitment) continue;
     spent.push_back(k);
-    // At least one block older than the proof, and not expired: a proof in block
-    // c.height + kProofCommitmentBlocks still counts it (a block's proofs run before its
-    // EndBlock, whose ExpireProofCommits then drops it), one after it never does.
-    if (c.height >= height || c.height + kProofCommitmentBlocks < height) continue;
+    // At least one block older than the proof, and not expired.
+    if (c.height >= height || LastCountingHeight(c) < height) continue;
     if (nodes_only && s.nodes.Find(c.prover) == nullptr) continue;
     if (!best || c.height < best->height ||
         (c.height == best->height && c.prover == sender && best->prover != sender)) {
@@ -75,7 +81,7 @@ std::optional<PublicKey> TakeProofCommitter(LedgerState& s, const Hash256& witne
 void ExpireProofCommits(LedgerState& s, uint64_t height) {
   std::vector<Hash256> expired;
   for (const auto& [k, c] : s.proof_commits.rows()) {
-    if (c.height + kProofCommitmentBlocks <= height) expired.push_back(k);
+    if (LastCountingHeight(c) <= height) expired.push_back(k);
   }
   for (const Hash256& k : expired) s.proof_commits.Erase(k);
 }
