@@ -1367,6 +1367,25 @@ class FraudProofTest : public RealTrainingTest {
     ASSERT_GT(Unit(u_).paid, 0u);
   }
 
+  // RunPoisonedTask, then blocks until the next is past the task's audit window: a proof there
+  // marks the fraud on the record instead of reopening the task.
+  void RunPoisonedTaskPastItsAuditWindow() {
+    ASSERT_NO_FATAL_FAILURE(RunPoisonedTask());
+    const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
+    while (chain_->Height() + 1 <= window_end) Step();
+  }
+
+  // The chain's books after the proven fraud `f`, against `before`: nothing minted, the slash
+  // split into the jackpot and the treasury, `paid_from_jackpot` (the bounty) out of the jackpot.
+  void ExpectSlashBooks(const Totals& before, const ProvenFraud& f, Amount paid_from_jackpot) {
+    const Totals after = chain_->GetTotals();
+    EXPECT_TRUE(after.Check().ok());
+    EXPECT_EQ(after.minted, before.minted);
+    const Amount to_jackpot = BasisPoints(f.slashed, genesis_.params.slash_jackpot_bps);
+    EXPECT_EQ(after.jackpot, before.jackpot + to_jackpot - paid_from_jackpot);
+    EXPECT_EQ(after.treasury, before.treasury + f.slashed - to_jackpot);
+  }
+
   // Trains unit `index` honestly (TrainUnit, whose states the witnesses take), then the
   // poisoned trajectory s1 commits: the true state after step 2, one weight moved, two more
   // steps (poisoned_: its leaves).
@@ -1543,9 +1562,7 @@ TEST_F(FraudProofTest, ASegmentThatDoesNotReplayToItsLeafIsProvenAfterTheFact) {
 // paid for finding it. Such a prover gets nothing: the slash stays in the jackpot and the treasury,
 // and every token is accounted for (the claw-back to the submitter, the rest where it was).
 TEST_F(FraudProofTest, ACheaterProvingItsOwnFraudGetsNoneOfItsSlashBack) {
-  RunPoisonedTask();
-  const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
-  while (chain_->Height() + 1 <= window_end) Step();
+  ASSERT_NO_FATAL_FAILURE(RunPoisonedTaskPastItsAuditWindow());
   // The slash itself puts its jackpot share in the pool before a bounty is paid from it: until
   // 2026-12-06 that share went straight back to the cheater's owner.
   const Totals before = chain_->GetTotals();
@@ -1563,12 +1580,8 @@ TEST_F(FraudProofTest, ACheaterProvingItsOwnFraudGetsNoneOfItsSlashBack) {
   EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
   // The whole chain's books: nothing minted; the stake taken went to the submitter (the claw-back)
   // and into the pools (the slash), and none of it came back out.
+  ExpectSlashBooks(before, f, 0);
   const Totals after = chain_->GetTotals();
-  EXPECT_TRUE(after.Check().ok());
-  EXPECT_EQ(after.minted, before.minted);
-  const Amount to_jackpot = BasisPoints(f.slashed, genesis_.params.slash_jackpot_bps);
-  EXPECT_EQ(after.jackpot, before.jackpot + to_jackpot);
-  EXPECT_EQ(after.treasury, before.treasury + f.slashed - to_jackpot);
   EXPECT_EQ(before.staked + before.unbonding,
             after.staked + after.unbonding + f.slashed + f.clawed_back);
   EXPECT_EQ(after.balances, before.balances + f.clawed_back);
@@ -1585,9 +1598,7 @@ TEST_F(FraudProofTest, ACheaterProvingItsOwnFraudGetsNoneOfItsSlashBack) {
 // happens on erin's proof, the bounty is dave's, and dave's own proof is refused (proven already).
 // Until the rule, the bounty went to whoever sent the proof first: erin.
 TEST_F(FraudProofTest, ACopierWhoSendsTheWitnessFirstButCommittedLaterGetsNoBounty) {
-  RunPoisonedTask();
-  const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
-  while (chain_->Height() + 1 <= window_end) Step();
+  ASSERT_NO_FATAL_FAILURE(RunPoisonedTaskPastItsAuditWindow());
   const Totals before = chain_->GetTotals();
   const Amount dave_before = Balance(dave_), erin_before = Balance(erin_);
   StepOk({CommitToProve(dave_, 1, SegmentProof(1))});
@@ -1607,12 +1618,7 @@ TEST_F(FraudProofTest, ACopierWhoSendsTheWitnessFirstButCommittedLaterGetsNoBoun
   EXPECT_GT(f.bounty, 0u);
   EXPECT_EQ(Balance(dave_), dave_before + f.bounty);  // the earliest committer
   EXPECT_EQ(Balance(erin_), erin_before);             // the copier: nothing
-  const Totals after = chain_->GetTotals();
-  EXPECT_TRUE(after.Check().ok());
-  EXPECT_EQ(after.minted, before.minted);
-  const Amount to_jackpot = BasisPoints(f.slashed, genesis_.params.slash_jackpot_bps);
-  EXPECT_EQ(after.jackpot, before.jackpot + to_jackpot - f.bounty);
-  EXPECT_EQ(after.treasury, before.treasury + f.slashed - to_jackpot);
+  ExpectSlashBooks(before, f, f.bounty);
   ExpectEarningsAddUpToTheTask();
 }
 
@@ -1621,9 +1627,7 @@ TEST_F(FraudProofTest, ACopierWhoSendsTheWitnessFirstButCommittedLaterGetsNoBoun
 // With no other commitment the proof still rules (the solver slashed and jailed, its pay clawed
 // back) and its bounty stays in the jackpot: every token accounted for.
 TEST_F(FraudProofTest, ACommitmentInTheProofsOwnBlockCountsNothingAndTheBountyStaysInTheJackpot) {
-  RunPoisonedTask();
-  const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
-  while (chain_->Height() + 1 <= window_end) Step();
+  ASSERT_NO_FATAL_FAILURE(RunPoisonedTaskPastItsAuditWindow());
   const Totals before = chain_->GetTotals();
   const Amount erin_before = Balance(erin_), gina_before = Balance(gina_);
   const std::vector<Receipt> r =
@@ -1640,12 +1644,8 @@ TEST_F(FraudProofTest, ACommitmentInTheProofsOwnBlockCountsNothingAndTheBountySt
   EXPECT_EQ(Balance(erin_), erin_before);
   EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
   EXPECT_EQ(Balance(gina_), gina_before + f.clawed_back);
+  ExpectSlashBooks(before, f, 0);
   const Totals after = chain_->GetTotals();
-  EXPECT_TRUE(after.Check().ok());
-  EXPECT_EQ(after.minted, before.minted);
-  const Amount to_jackpot = BasisPoints(f.slashed, genesis_.params.slash_jackpot_bps);
-  EXPECT_EQ(after.jackpot, before.jackpot + to_jackpot);
-  EXPECT_EQ(after.treasury, before.treasury + f.slashed - to_jackpot);
   EXPECT_EQ(after.balances, before.balances + f.clawed_back);
   ExpectEarningsAddUpToTheTask();
 }
@@ -1654,9 +1654,7 @@ TEST_F(FraudProofTest, ACommitmentInTheProofsOwnBlockCountsNothingAndTheBountySt
 // the same commitment again while it is kept is a replay and refused; a proof after it expired
 // is paid nothing (the bounty stays in the jackpot).
 TEST_F(FraudProofTest, AReplayedCommitmentIsRefusedAndAnExpiredOneCountsNothing) {
-  RunPoisonedTask();
-  const uint64_t window_end = AuditWindowEnd(Task(), genesis_.params.audit_window_blocks);
-  while (chain_->Height() + 1 <= window_end) Step();
+  ASSERT_NO_FATAL_FAILURE(RunPoisonedTaskPastItsAuditWindow());
   const Amount dave_before = Balance(dave_);
   StepOk({CommitToProve(dave_, 1, SegmentProof(1))});
   const uint64_t committed_at = chain_->Height();
