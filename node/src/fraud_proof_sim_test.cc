@@ -183,6 +183,23 @@ uint64_t BalanceOf(SimHarness& sim, const PublicKey& key) {
   return sim.Call("get_account", {{"address", key.ToHex()}}).value("balance", uint64_t{0});
 }
 
+// The proven frauds on a task's record (get_task's `verification`), each expected sent by
+// `prover`: their units, and the bounties and claw-backs they paid.
+struct ProvenFrauds {
+  std::set<uint32_t> units;
+  uint64_t bounties = 0, clawed = 0;
+};
+ProvenFrauds ProvenBy(const json& verification, const PublicKey& prover) {
+  ProvenFrauds p;
+  for (const json& pf : verification["proven_frauds"]) {
+    p.units.insert(pf.value("index", 0u));
+    EXPECT_EQ(pf.value("prover", std::string()), prover.ToHex()) << pf.dump();
+    p.bounties += pf.value("bounty", uint64_t{0});
+    p.clawed += pf.value("clawed_back", uint64_t{0});
+  }
+  return p;
+}
+
 // A late dispute (LateChallengeTx; docs/verification.md, "Over 8 MiB: a late dispute") played
 // by the nodes: the full audit after the task finished finds the poisoner's paid units, and with
 // a witness bound of 0 bytes (what a model over about 500k parameters meets at 8 MiB) sends a
@@ -293,14 +310,7 @@ TEST(FraudProofSimTest, TheAuditorPlaysLateGamesAgainstTheSolversNodesAndTheHone
 
   // The poisoner lost every game: each of its units proven, slashed and jailed, its pay clawed
   // back; the auditor has its bonds back and a bounty each.
-  std::set<uint32_t> proven;
-  uint64_t bounties = 0, clawed = 0;
-  for (const json& pf : v["proven_frauds"]) {
-    proven.insert(pf.value("index", 0u));
-    EXPECT_EQ(pf.value("prover", std::string()), auditor.ToHex()) << pf.dump();
-    bounties += pf.value("bounty", uint64_t{0});
-    clawed += pf.value("clawed_back", uint64_t{0});
-  }
+  const auto [proven, bounties, clawed] = ProvenBy(v, auditor);
   EXPECT_EQ(proven, poisoned);
   EXPECT_GT(bounties, 0u);
   EXPECT_GT(testing::Slashes(sim, 0), 0u);
@@ -558,14 +568,7 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
 
   // The lazy solver lost every game: each unit proven, slashed and jailed; the auditor has its
   // bonds back with a bounty each, and lost the false challenge's bond to the honest solver.
-  std::set<uint32_t> proven;
-  uint64_t bounties = 0, clawed = 0;
-  for (const json& pf : v["proven_frauds"]) {
-    proven.insert(pf.value("index", 0u));
-    EXPECT_EQ(pf.value("prover", std::string()), auditor.ToHex()) << pf.dump();
-    bounties += pf.value("bounty", uint64_t{0});
-    clawed += pf.value("clawed_back", uint64_t{0});
-  }
+  const auto [proven, bounties, clawed] = ProvenBy(v, auditor);
   EXPECT_EQ(proven, lazy_units);
   EXPECT_GT(bounties, 0u);
   EXPECT_GT(testing::Slashes(sim, 0), 0u);
