@@ -49,45 +49,29 @@ TEST(TaskAudit, HelpAndBadInputs) {
   EXPECT_NE(help.out.find("--full --prove --key alice"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("--witness-limit 0"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("--resume-games --key alice"), std::string::npos) << help.out;
-  // --resume-games audits nothing; --witness-limit is for --prove, and at most the ledger's.
-  CmdResult resume_full = Meshlearn("task audit " + std::string(64, 'a') +
-                                        " --resume-games --full --key alice --rpc "
-                                        "http://127.0.0.1:9",
-                                    home);
-  EXPECT_EQ(resume_full.code, 2);  // a usage error, as CLI11 reports it
-  EXPECT_NE(resume_full.out.find("--full excludes --resume-games"), std::string::npos)
-      << resume_full.out;
-  CmdResult resume_no_key = Meshlearn(
-      "task audit " + std::string(64, 'a') + " --resume-games --rpc http://127.0.0.1:9", home);
-  EXPECT_EQ(resume_no_key.code, 1);
-  EXPECT_NE(resume_no_key.out.find("--resume-games needs --key NAME"), std::string::npos)
-      << resume_no_key.out;
-  CmdResult limit_alone = Meshlearn(
-      "task audit " + std::string(64, 'a') + " --witness-limit 0 --rpc http://127.0.0.1:9", home);
-  EXPECT_EQ(limit_alone.code, 1);
-  EXPECT_NE(limit_alone.out.find("--witness-limit is only used with --prove"), std::string::npos)
-      << limit_alone.out;
-  CmdResult limit_over = Meshlearn("task audit " + std::string(64, 'a') +
-                                       " --prove --key alice --witness-limit 8388609 --rpc "
-                                       "http://127.0.0.1:9",
-                                   home);
-  EXPECT_EQ(limit_over.code, 1);
-  EXPECT_NE(limit_over.out.find("over the ledger's limit of 8388608 bytes"), std::string::npos)
-      << limit_over.out;
-  // --prove signs with --key; each without the other is refused before any network.
-  CmdResult no_key = Meshlearn("task audit " + std::string(64, 'a') +
-                                   " --full --prove --rpc "
-                                   "http://127.0.0.1:9",
-                               home);
-  EXPECT_EQ(no_key.code, 1);
-  EXPECT_NE(no_key.out.find("--prove needs --key NAME"), std::string::npos) << no_key.out;
-  CmdResult key_alone = Meshlearn("task audit " + std::string(64, 'a') +
-                                      " --key alice --rpc "
-                                      "http://127.0.0.1:9",
-                                  home);
-  EXPECT_EQ(key_alone.code, 1);
-  EXPECT_NE(key_alone.out.find("--key alice is only used with --prove"), std::string::npos)
-      << key_alone.out;
+  // Refused before any network, each with its exit status (2: a usage error, as CLI11 reports
+  // it) and the words that name the fix: --resume-games audits nothing; --witness-limit is for
+  // --prove, and at most the ledger's; --prove signs with --key, and each needs the other.
+  struct Refusal {
+    std::string args;
+    int code;
+    std::string says;
+  };
+  const std::vector<Refusal> refusals = {
+      {"--resume-games --full --key alice", 2, "--full excludes --resume-games"},
+      {"--resume-games", 1, "--resume-games needs --key NAME"},
+      {"--witness-limit 0", 1, "--witness-limit is only used with --prove"},
+      {"--prove --key alice --witness-limit 8388609", 1,
+       "over the ledger's limit of 8388608 bytes"},
+      {"--full --prove", 1, "--prove needs --key NAME"},
+      {"--key alice", 1, "--key alice is only used with --prove"},
+  };
+  for (const Refusal& r : refusals) {
+    CmdResult c = Meshlearn(
+        "task audit " + std::string(64, 'a') + " " + r.args + " --rpc http://127.0.0.1:9", home);
+    EXPECT_EQ(c.code, r.code) << r.args << "\n" << c.out;
+    EXPECT_NE(c.out.find(r.says), std::string::npos) << r.args << "\n" << c.out;
+  }
 
   // Not hex at all: refused before any network. (A hex prefix like 12ab is a valid id prefix,
   // resolved by the ledger.)
