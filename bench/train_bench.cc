@@ -25,7 +25,13 @@
 // copies at once against one copy alone, just before the case (~2 when both CPUs are this
 // process's and separate cores; read "scaling" against it) and "core_round_trip_ns" (a cache
 // line's trip between the two threads' cores and back: ~100 ns when the MLP scaled, ~340 ns when
-// it did not). Nothing here is asserted; it is a measurement.
+// it did not). The gpt lines also give the ceiling set by the core: "fma_peak_gflops_per_thread"
+// (12 independent FMA chains on one thread), "matmul_gflop_per_step" (the products' multiply-adds
+// that no implementation can skip, x 2) and "fma_bound_tokens_per_sec" (every one of them at the
+// peak on every thread, nothing else taking any time), with "meshlearn_share_of_fma_bound" and
+// "ratio_bound" (the bound over PyTorch's rate: the highest ratio any fp32 implementation could
+// show in this run). Nothing here is asserted; it is a measurement.
+#include <immintrin.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -35,6 +41,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -184,6 +191,61 @@ double CoreToCoreRoundTripNs() {
   return ns[ns.size() / 2];
 }
 
+// 12 independent chains of `iters` FMAs each on vectors V, in registers (named, not an array:
+// GCC at -O2 kept an array in memory and ran at half the peak). One body for both widths,
+// compiled for the target that has them.
+#define MESHLEARN_FMA_CHAINS(V, FMA, SET1)                                                         \
+  const V a = SET1(0.999999f), b = SET1(1e-7f);                                                    \
+  V c0 = SET1(seed), c1 = SET1(seed + 1), c2 = SET1(seed + 2), c3 = SET1(seed + 3);                \
+  V c4 = SET1(seed + 4), c5 = SET1(seed + 5), c6 = SET1(seed + 6), c7 = SET1(seed + 7);            \
+  V c8 = SET1(seed + 8), c9 = SET1(seed + 9), c10 = SET1(seed + 10), c11 = SET1(seed + 11);        \
+  for (int64_t i = 0; i < iters; ++i) {                                                            \
+    c0 = FMA(c0, a, b), c1 = FMA(c1, a, b), c2 = FMA(c2, a, b), c3 = FMA(c3, a, b);                \
+    c4 = FMA(c4, a, b), c5 = FMA(c5, a, b), c6 = FMA(c6, a, b), c7 = FMA(c7, a, b);                \
+    c8 = FMA(c8, a, b), c9 = FMA(c9, a, b), c10 = FMA(c10, a, b), c11 = FMA(c11, a, b);            \
+  }                                                                                                \
+  const V sum = FMA(FMA(FMA(c0, c1, c2), FMA(c3, c4, c5), FMA(c6, c7, c8)), c9, FMA(c10, c11, a)); \
+  float out[16] = {};                                                                              \
+  std::memcpy(out, &sum, sizeof(V));                                                               \
+  return out[0];
+__attribute__((target("avx512f"))) float FmaChains512(int64_t iters, float seed) {
+  MESHLEARN_FMA_CHAINS(__m512, _mm512_fmadd_ps, _mm512_set1_ps)
+}
+__attribute__((target("avx2,fma"))) float FmaChains256(int64_t iters, float seed) {
+  MESHLEARN_FMA_CHAINS(__m256, _mm256_fmadd_ps, _mm256_set1_ps)
+}
+#undef MESHLEARN_FMA_CHAINS
+
+// This core's fp32 multiply-add peak on one thread, in GFLOP/s (2 FLOPs a multiply-add): the FMA
+// chains on the vectors the kernels use, best of 5 blocks of ~50 ms. A matrix product's
+// multiply-adds run no faster than this, whatever the blocking; -1 on the scalar path.
+double FmaPeakGflops(SimdPath path) {
+  if (path == SimdPath::kScalar) return -1;
+  const int lanes = path == SimdPath::kAvx512 ? 16 : 8;
+  constexpr int64_t kIters = 10'000'000;
+  double best = 0, sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    sink += path == SimdPath::kAvx512 ? FmaChains512(kIters, static_cast<float>(rep))
+                                      : FmaChains256(kIters, static_cast<float>(rep));
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * 12 * lanes * static_cast<double>(kIters) / secs / 1e9);
+  }
+  if (sink == 12345.0) std::fprintf(stderr, " ");  // keep the chains' results live
+  return best;
+}
+
+// The multiply-adds of one token's training step in code-gpt-10m's matrix products, counting only
+// what no implementation can skip: per block the four linear layers (12 C^2), the causal half of
+// attention's two products (row t of T has t + 1 terms: (T + 1) C per token on average), the
+// head's product with wte (V C); each three times (forward, input gradient, weight gradient).
+double GptMatmulMacsPerToken(const GptSpec& g, int64_t T) {
+  const double C = static_cast<double>(g.n_embd);
+  const double per_block = 12.0 * C * C + static_cast<double>(T + 1) * C;
+  return 3.0 * (static_cast<double>(g.n_layer) * per_block + static_cast<double>(g.vocab_size) * C);
+}
+
 struct CaseRun {
   double samples_per_sec = -1;
   double cpus_used = -1;  // the process's CPU time (all threads) over the wall time
@@ -278,12 +340,14 @@ int GptChild(const std::string& src, int steps) {
   const double cpu_secs = ProcessCpuSeconds() - cpu0;
   int64_t params = 0;
   for (const Param& p : (*tr)->state().model->params()) params += p.value.size();
+  const double macs = GptMatmulMacsPerToken((*tr)->state().model->spec().gpt, 256);
   // Tokens per process-CPU-second (all threads): what a busy host's time slicing does not distort;
   // at 1 thread it is the rate the step would have on an idle core.
   nlohmann::json j = {{"tokens_per_sec", steps * 8.0 * 256.0 / secs},
                       {"tokens_per_cpu_sec", steps * 8.0 * 256.0 / cpu_secs},
                       {"peak_rss_mb", PeakRssMb()},
-                      {"params", params}};
+                      {"params", params},
+                      {"matmul_macs_per_token", macs}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -372,6 +436,7 @@ int main(int argc, char** argv) {
     return GptChild(src, steps);
   }
   std::map<std::string, double> one_thread_rate;  // case -> meshlearn rate at 1 thread
+  double fma_peak = 0;  // GFLOP/s on one thread, measured before the first gpt case's line
   for (const std::string& t : threads) {
     const int n = std::atoi(t.c_str());
     if (Status s = SetKernelConfig({*path, n}); !s.ok()) {
@@ -392,6 +457,7 @@ int main(int argc, char** argv) {
           return 1;
         }
         const double ml = child["tokens_per_sec"].get<double>();
+        if (fma_peak == 0) fma_peak = FmaPeakGflops(*path);
         double rss_default = -1, rss_tuned = -1;
         double pt_default = torch ? TorchRate(src, b, n, gpt_steps, "", &rss_default) : -1;
         double pt_tuned =
@@ -421,7 +487,19 @@ int main(int argc, char** argv) {
           j["core_round_trip_ns"] = round_trip;
         }
         if (one_thread_rate.count(b)) j["scaling"] = ml / one_thread_rate[b];
+        // The rate no fp32 implementation of these products can pass on this machine: every
+        // multiply-add at the FMA peak of each thread, and nothing else taking any time.
+        const double macs = child.value("matmul_macs_per_token", 0.0);
+        double bound = -1;
+        if (fma_peak > 0 && macs > 0) {
+          bound = n * fma_peak * 1e9 / (2.0 * macs);
+          j["fma_peak_gflops_per_thread"] = fma_peak;
+          j["matmul_gflop_per_step"] = 2.0 * macs * 8.0 * 256.0 / 1e9;
+          j["fma_bound_tokens_per_sec"] = bound;
+          j["meshlearn_share_of_fma_bound"] = ml / bound;
+        }
         if (pt > 0) {
+          if (bound > 0) j["ratio_bound"] = bound / pt;
           j["torch_tokens_per_sec"] = pt;
           j["torch_default_blas_tokens_per_sec"] = pt_default;
           j["torch_openblas_coretype_tokens_per_sec"] = pt_tuned;
