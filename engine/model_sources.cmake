@@ -52,5 +52,5 @@ set(ENGINE_MODEL_SLOW_TESTS
 )
 set(ENGINE_MODEL_LONG_TESTS
   TrainQualityTest.FashionCnnReachesTarget
-  TrainQualityTest.CodeGptLearnsPython
+  TrainQualityTest.CodeGpt*
 )

@@ -162,6 +162,20 @@ def load(model_dir):
     return cfg, vocab, model
 
 
+def validation_loss(model, tokens, targets, batch):
+    """The mean cross-entropy over every target of (N, T) windows, `batch` windows a forward pass
+    (meshlearn's Evaluate: the mean over every predicted token), and the token count."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, tokens.size(0), batch):
+            logits = model(tokens[i:i + batch])
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                   targets[i:i + batch].reshape(-1), reduction="none")
+            total += loss.double().sum().item()
+            count += loss.numel()
+    return total / count, count
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model_dir")
@@ -186,14 +200,7 @@ def main():
           f"({len(vocab)} characters), {params} parameters")
     ok = True
     with torch.no_grad():
-        total, count = 0.0, 0
-        for i in range(0, tokens.size(0), args.batch):
-            logits = model(tokens[i:i + args.batch])
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)),
-                                   targets[i:i + args.batch].reshape(-1), reduction="none")
-            total += loss.double().sum().item()
-            count += loss.numel()
-        torch_loss = total / count
+        torch_loss, count = validation_loss(model, tokens, targets, args.batch)
         d = abs(torch_loss - want_loss)
         good = d <= args.loss_tol
         ok &= good

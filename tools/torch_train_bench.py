@@ -21,29 +21,11 @@ steps (how many cores it kept busy), "peak_rss_mb": the process's peak resident 
 import argparse
 import json
 import math
-import os
 import resource
-import sys
 import time
 
-
-def thread_count(argv):
-    """The --threads value of argv (1 when absent or malformed; argparse reports the latter)."""
-    for i, arg in enumerate(argv):
-        value = arg[len("--threads="):] if arg.startswith("--threads=") else (
-            argv[i + 1] if arg == "--threads" and i + 1 < len(argv) else None)
-        if value is not None:
-            return value if value.isdigit() and int(value) > 0 else "1"
-    return "1"
-
-
-# Debian's PyTorch runs its matrix products on the system OpenBLAS, whose pthread build keeps its
-# own pool of one thread per core: torch.set_num_threads (OpenMP) does not bound it, so "1 thread"
-# ran every GEMM on both cores of a 2-core machine. OpenBLAS reads this when it is loaded, so it is
-# set before torch is imported.
-os.environ["OPENBLAS_NUM_THREADS"] = thread_count(sys.argv[1:])
-
-import torch  # noqa: E402  (after OPENBLAS_NUM_THREADS, see above)
+import torch_threads  # noqa: F401  (sets OPENBLAS_NUM_THREADS before torch is loaded)
+import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 

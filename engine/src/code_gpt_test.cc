@@ -8,7 +8,14 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include "meshlearn/base/env.h"
+#include "meshlearn/engine/hf_gpt2.h"
+#include "meshlearn/engine/optim.h"
+#include "meshlearn/engine/safetensors.h"
 #include "meshlearn/engine/train.h"
+#include "test_util.h"
 
 namespace meshlearn::engine {
 namespace {
@@ -71,27 +78,140 @@ double UnigramEntropy(const std::vector<int32_t>& tokens, int64_t V) {
   return h;
 }
 
+// code-gpt's recipe trained once per process: the two tests below run as one CTest entry
+// (ONE_PROCESS in model_sources.cmake) and share it. Before training, `dir` receives what the same
+// recipe needs to run in another framework: the step-0 weights in the Hugging Face layout
+// (dir/init) and dir/recipe.safetensors with every step's batch ("batch_tokens",
+// "batch_targets": steps x batch_size x seq_len), every step's learning rate ("lr", from
+// LearningRateAt), meshlearn's validation windows ("val_tokens", "val_targets") and the
+// optimizer's scalars as metadata.
+struct CodeGptRun {
+  std::string error;  // empty on success
+  double unigram = 0, val_loss = 0, secs = 0;
+  int64_t steps = 0;
+  std::string state_hash, dir;
+};
+
+const CodeGptRun& TrainedCodeGpt() {
+  static const CodeGptRun* const run = [] {
+    auto* r = new CodeGptRun;
+    r->dir = std::string(MESHLEARN_BINARY_DIR) + "/engine_model_test_code_gpt";
+    TaskSpec t = Example("code-gpt.toml");
+    Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), t);
+    if (!tr.ok()) {
+      r->error = tr.status().ToString();
+      return r;
+    }
+    Trainer& trainer = **tr;
+    const TaskSpec& task = trainer.task();
+    const TaskData& d = trainer.data();
+    r->unigram = UnigramEntropy(d.train_tokens.tokens, task.model.gpt.vocab_size);
+    r->steps = task.steps;
+    if (Status s = SaveHfGpt2(Env::Default(), r->dir + "/init", trainer.state(), d.vocab.chars);
+        !s.ok()) {
+      r->error = s.ToString();
+      return r;
+    }
+    const int64_t B = task.batch_size, T = task.seq_len, S = task.steps;
+    std::vector<int32_t> tokens, targets;
+    tokens.reserve(static_cast<size_t>(S * B * T));
+    targets.reserve(static_cast<size_t>(S * B * T));
+    std::vector<float> lr(static_cast<size_t>(S));
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < S; ++s) {
+      const Batch b = trainer.BatchForStep(s);  // what Step draws for this step
+      tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+      targets.insert(targets.end(), b.targets.begin(), b.targets.end());
+      lr[static_cast<size_t>(s)] = LearningRateAt(task.optimizer, s);
+      trainer.Step();
+      if ((s + 1) % 200 == 0) {
+        std::printf(
+            "  code-gpt: step %lld of %lld, %.0f s\n", static_cast<long long>(s + 1),
+            static_cast<long long>(S),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        std::fflush(stdout);
+      }
+    }
+    r->secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    r->val_loss = trainer.Evaluate().loss;
+    r->state_hash = StateHash(trainer.state()).ShortHex();
+    const int64_t n = EvalWindowCount(task, d);
+    std::vector<int64_t> starts(static_cast<size_t>(n));
+    for (int64_t w = 0; w < n; ++w) starts[static_cast<size_t>(w)] = w * T;
+    const Batch val = MakeTokenBatch(d.val_tokens, starts, T);
+    SafetensorsWriter w;
+    w.AddI32("batch_tokens", {S, B, T}, tokens.data());
+    w.AddI32("batch_targets", {S, B, T}, targets.data());
+    w.AddF32("lr", {S}, lr.data());
+    w.AddI32("val_tokens", {n, T}, val.tokens.data());
+    w.AddI32("val_targets", {n, T}, val.targets.data());
+    auto num = [](double v) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%.17g", v);
+      return std::string(buf);
+    };
+    const OptimizerSpec& o = task.optimizer;
+    w.SetMetadata("beta1", num(o.beta1));
+    w.SetMetadata("beta2", num(o.beta2));
+    w.SetMetadata("eps", num(o.eps));
+    w.SetMetadata("weight_decay", num(o.weight_decay));  // on tensors of rank >= 2 (AdamWDecays)
+    w.SetMetadata("grad_clip", num(o.grad_clip));
+    w.SetMetadata("val_loss", num(r->val_loss));  // meshlearn's, for the script's report
+    if (Status s = w.Write(Env::Default(), r->dir + "/recipe.safetensors"); !s.ok()) {
+      r->error = s.ToString();
+    }
+    return r;
+  }();
+  return *run;
+}
+
 TEST(TrainQualityTest, CodeGptLearnsPython) {
   if (!HavePythonStdlib()) {
     GTEST_SKIP() << "/usr/lib/python3.11 is not installed (Debian's libpython3.11-stdlib)";
   }
-  TaskSpec t = Example("code-gpt.toml");
-  Result<std::unique_ptr<Trainer>> tr = Trainer::Create(Env::Default(), t);
-  ASSERT_TRUE(tr.ok()) << tr.status().ToString();
-  const TaskData& d = (*tr)->data();
-  const double unigram = UnigramEntropy(d.train_tokens.tokens, (*tr)->task().model.gpt.vocab_size);
-  const auto start = std::chrono::steady_clock::now();
-  while ((*tr)->state().step < t.steps) (*tr)->Step();
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EvalResult after = (*tr)->Evaluate();
+  const CodeGptRun& r = TrainedCodeGpt();
+  ASSERT_EQ(r.error, "");
   std::printf(
       "  code-gpt: unigram entropy %.4f nats, val loss %.4f after %lld steps (%.0f s), "
       "state %s\n",
-      unigram, after.loss, static_cast<long long>(t.steps), secs,
-      StateHash((*tr)->state()).ShortHex().c_str());
-  EXPECT_NEAR(unigram, 3.25, 0.05);
-  EXPECT_LT(after.loss, 0.6 * unigram);
+      r.unigram, r.val_loss, static_cast<long long>(r.steps), r.secs, r.state_hash.c_str());
+  EXPECT_NEAR(r.unigram, 3.25, 0.05);
+  EXPECT_LT(r.val_loss, 0.6 * r.unigram);
+}
+
+// The same recipe in PyTorch: tools/torch_recipe_train.py builds GPT-2 from meshlearn's step-0
+// weights, trains it on meshlearn's batches with the recipe's AdamW, clipping and learning rates,
+// and evaluates it on meshlearn's validation windows. meshlearn's loss must be at most 0.02 nats
+// above PyTorch's (issue 14). The two differ only in rounding (PyTorch's sums and kernels are not
+// meshlearn's), which 1,200 steps of training carry forward.
+TEST(TrainQualityTest, CodeGptReachesPyTorchsLossOnTheSameRecipe) {
+  if (!HavePythonStdlib()) {
+    GTEST_SKIP() << "/usr/lib/python3.11 is not installed (Debian's libpython3.11-stdlib)";
+  }
+  if (!testing::TorchAvailable()) {
+    GTEST_SKIP() << "/usr/bin/python3 cannot import torch; install python3-torch to train "
+                    "code-gpt's recipe in PyTorch (tools/torch_recipe_train.py)";
+  }
+  const CodeGptRun& r = TrainedCodeGpt();
+  ASSERT_EQ(r.error, "");
+  const std::string out = r.dir + "/torch.json";
+  const std::string cmd = "/usr/bin/python3 " + std::string(MESHLEARN_SOURCE_DIR) +
+                          "/tools/torch_recipe_train.py " + r.dir + "/init --recipe " + r.dir +
+                          "/recipe.safetensors --threads 2 --json > " + out;
+  std::printf("  %s\n", cmd.c_str());
+  std::fflush(stdout);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  Result<std::string> text = Env::Default()->ReadFile(out);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("val_loss")) << *text;
+  const double torch_loss = j["val_loss"].get<double>();
+  std::printf(
+      "  code-gpt's recipe: validation loss meshlearn %.4f, PyTorch %.4f (%+.4f nats); "
+      "unigram entropy %.4f\n",
+      r.val_loss, torch_loss, r.val_loss - torch_loss, r.unigram);
+  EXPECT_LE(r.val_loss, torch_loss + 0.02);
+  EXPECT_LT(torch_loss, 0.6 * r.unigram);  // the comparison is of two models that learned
 }
 
 }  // namespace

@@ -359,8 +359,7 @@ TEST(HfGpt2CheckTest, PyTorchReproducesTheLossAndLogits) {
   Model& m = *(*tr)->state().model;
   const EvalResult ev = Evaluate(m, task, d);
   const int64_t T = task.seq_len;
-  const int64_t n = std::min<int64_t>((static_cast<int64_t>(d.val_tokens.tokens.size()) - 1) / T,
-                                      task.eval_batches * task.batch_size);
+  const int64_t n = EvalWindowCount(task, d);
   std::vector<int64_t> starts(n);
   for (int64_t w = 0; w < n; ++w) starts[w] = w * T;
   Batch windows = MakeTokenBatch(d.val_tokens, starts, T);

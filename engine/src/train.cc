@@ -472,10 +472,8 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data) {
     r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
     return r;
   }
-  // GPT: consecutive non-overlapping windows from the start of the validation split.
   const int64_t T = task.seq_len, B = task.batch_size;
-  const int64_t n_windows = std::min<int64_t>(
-      (static_cast<int64_t>(data.val_tokens.tokens.size()) - 1) / T, task.eval_batches * B);
+  const int64_t n_windows = EvalWindowCount(task, data);
   for (int64_t w0 = 0; w0 < n_windows; w0 += B) {
     const int64_t n = std::min(B, n_windows - w0);
     std::vector<int64_t> starts(n);
@@ -487,6 +485,11 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data) {
   }
   r.loss = loss_sum / static_cast<double>(r.samples);
   return r;
+}
+
+int64_t EvalWindowCount(const TaskSpec& task, const TaskData& data) {
+  return std::min<int64_t>((static_cast<int64_t>(data.val_tokens.tokens.size()) - 1) / task.seq_len,
+                           task.eval_batches * task.batch_size);
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(Env* env, TaskSpec task) {

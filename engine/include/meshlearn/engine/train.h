@@ -141,6 +141,10 @@ struct EvalResult {
 
 // Evaluates `model` on the task's test / validation split, deterministically.
 EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data);
+// How many validation windows Evaluate takes for a token task: consecutive, non-overlapping
+// windows of seq_len tokens from the start of the validation split (window w starts at token
+// w x seq_len), at most eval_batches x batch_size of them.
+int64_t EvalWindowCount(const TaskSpec& task, const TaskData& data);
 
 // Sets every parameter of `model` from `params`, concatenated in model order (the layout of
 // weights and deltas on the wire). InvalidArgument when the size is not the model's.
