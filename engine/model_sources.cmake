@@ -45,6 +45,7 @@ set(ENGINE_MODEL_SLOW_TESTS
   TrainQualityTest.TinyGptLossFallsBelowUniform
   TorchCheckTest.PyTorchPredictsTheSame
   HfGpt2CheckTest.PyTorchReproducesTheLossAndLogits
+  TrainQualityTest.TinyGptRecipeTrainsToPyTorchsLoss
   DeterminismTest.CodeGptStateHashSameForAllThreadsAndSimd
   DeterminismTest.CodeGpt10mStateHashSameForAllThreadsAndSimd
   PipelineTest.ExampleGptsAtTheirRealWidths
