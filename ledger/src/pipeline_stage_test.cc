@@ -702,7 +702,8 @@ TEST_F(PipelineStageTest, ANodeHoldingAStageUnitGetsNoSecondItsDiskCannotHoldToo
   for (const Receipt& x : Step(txs)) ASSERT_TRUE(x.ok) << x.reason;
   task_id_ = b;
   EXPECT_EQ(Unit(0, 0, 2).status, WorkUnitStatus::kPending);
-  // A's round is aggregated and final: n1's files of it no longer count, and B gets n1.
+  // A's round is aggregated and final (A finishes): n1's files of it no longer count, and B gets
+  // n1.
   task_id_ = a;
   const RoundStateMachine m = Machine();
   ASSERT_TRUE(m.aggregator().has_value());
@@ -713,8 +714,12 @@ TEST_F(PipelineStageTest, ANodeHoldingAStageUnitGetsNoSecondItsDiskCannotHoldToo
     ASSERT_TRUE(x.ok) << x.reason;
   }
   EXPECT_EQ(Task().rounds_settled, 1u);
+  // The end of a block steps the tasks in id order: B's came before A's, which settled the round,
+  // so B saw n1's files of it still counted. The next block places it.
+  ASSERT_LT(b, a);
   task_id_ = b;
-  if (Unit(0, 0, 2).status == WorkUnitStatus::kPending) Step();  // A's step may come after B's
+  EXPECT_EQ(Unit(0, 0, 2).status, WorkUnitStatus::kPending);
+  Step();
   EXPECT_EQ(Unit(0, 0, 2).status, WorkUnitStatus::kAssigned);
   EXPECT_EQ(Unit(0, 0, 2).assignee, nodes_[0].public_key());
 }
