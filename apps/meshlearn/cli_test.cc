@@ -120,6 +120,14 @@ TEST(Cli, NodeRunRefusesADiskLimitAboveItsDataDirsFreeSpace) {
             std::string::npos)
       << flag.out;
   EXPECT_NE(flag.out.find("Lower --disk-limit to at most"), std::string::npos) << flag.out;
+  // The largest value a user can type is a limit like any other (it once meant "not given" and
+  // was ignored): refused too. A run that ignored it would go on until `timeout` (exit 124).
+  const std::string most = "18446744073709551615";  // UINT64_MAX
+  CmdResult most_flag = run("--disk-limit " + most, 10);
+  EXPECT_EQ(most_flag.code, 1) << most_flag.out;
+  EXPECT_NE(most_flag.out.find("--disk-limit = " + most + " bytes is more disk than the data dir"),
+            std::string::npos)
+      << most_flag.out;
   write_config("disk_limit_bytes = " + huge + "\n");
   CmdResult key = run("");
   EXPECT_EQ(key.code, 1) << key.out;

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -38,8 +39,9 @@ struct NodeArgs {
   std::string config = "node.toml";
   double seconds = 2.0;
   bool rejoin = false;
-  // --disk-limit: replaces node.toml's disk_limit_bytes when given (UINT64_MAX: not given).
-  uint64_t disk_limit = UINT64_MAX;
+  // --disk-limit: replaces node.toml's disk_limit_bytes when given (any value, UINT64_MAX too,
+  // is checked against the free space).
+  std::optional<uint64_t> disk_limit;
 };
 
 // node.toml, validated (see the footer of `meshlearn node --help` and docs/operators.md).
@@ -353,11 +355,11 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   // a crash still fits.
   ML_RETURN_IF_ERROR(node::StageEvidence(Env::Default(), HomeLayout(c.data_dir).StageEvidenceDir())
                          .DeleteLeftovers());
-  const bool disk_flag = a.disk_limit != UINT64_MAX;
+  const bool disk_flag = a.disk_limit.has_value();
   ML_ASSIGN_OR_RETURN(const uint64_t free_disk, node::FreeDiskBytes(c.data_dir));
   ML_ASSIGN_OR_RETURN(
       const uint64_t disk,
-      node::OfferedDiskBytes(disk_flag ? a.disk_limit : c.disk_limit_bytes, free_disk, c.data_dir,
+      node::OfferedDiskBytes(a.disk_limit.value_or(c.disk_limit_bytes), free_disk, c.data_dir,
                              disk_flag ? "--disk-limit" : "disk_limit_bytes (" + c.path + ")"));
   ML_LOG_INFO("disk for stage files: {} MiB of the {} MiB free in {} ({})", disk >> 20,
               free_disk >> 20, c.data_dir,

@@ -668,6 +668,96 @@ TEST_F(PipelineStageTest, AStageGoesOnlyToANodeWhoseDeclaredDiskHoldsItsFiles) {
             4 * kGiB * p.inner_steps);
 }
 
+// A node keeps a stage unit's files until the unit's round is final, so the disk it declared is
+// offered net of the units it holds (StageDiskHeld: every open task's units of rounds not final).
+// n1 declares disk for one stage 2 unit's files but not two, and n2 too little for any (the other
+// nodes' memory holds no stage 2): task A's stage 2 goes to n1; task B (the same stages) gets
+// none while n1 holds A's, and gets n1 once A's round is final.
+TEST_F(PipelineStageTest, ANodeHoldingAStageUnitGetsNoSecondItsDiskCannotHoldToo) {
+  TaskParams p = PipelineParams();
+  p.units_per_round = kStages;  // one replica
+  p.rounds = 1;
+  const uint64_t stage2_disk = protocol::StageDiskBytes(p.stage_memory_bytes[2], p.inner_steps);
+  std::vector<Transaction> regs;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    RegisterNodeTx reg = Reg(i);
+    if (i == 0) reg.capabilities.disk_bytes = 2 * stage2_disk - 1;
+    if (i == 1) reg.capabilities.disk_bytes = 4 * kGiB * p.inner_steps;
+    regs.push_back(Q(alice_, reg));
+  }
+  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_TRUE(Submit(p).ok);
+  const Hash256 a = task_id_;
+  ASSERT_EQ(Unit(0, 0, 2).assignee, nodes_[0].public_key());
+  ASSERT_TRUE(Submit(p).ok);  // task B
+  const Hash256 b = task_id_;
+  Step();
+  for (uint32_t s = 0; s < kStages; ++s) {
+    EXPECT_EQ(Unit(0, 0, s).status, WorkUnitStatus::kPending) << "task B, stage " << s;
+  }
+  // A's stages commit: n1 still holds its files (the round is not final until aggregated).
+  task_id_ = a;
+  std::vector<Transaction> txs;
+  for (uint32_t s = 0; s < kStages; ++s) txs.push_back(Q(alice_, Commit(0, 0, s)));
+  for (const Receipt& x : Step(txs)) ASSERT_TRUE(x.ok) << x.reason;
+  task_id_ = b;
+  EXPECT_EQ(Unit(0, 0, 2).status, WorkUnitStatus::kPending);
+  // A's round is aggregated and final (A finishes): n1's files of it no longer count, and B gets
+  // n1.
+  task_id_ = a;
+  const RoundStateMachine m = Machine();
+  ASSERT_TRUE(m.aggregator().has_value());
+  for (const Receipt& x : Step({Q(alice_, CommitAggregateTx{.task_id = a,
+                                          .round = 0,
+                                          .node_id = m.aggregator()->node,
+                                          .state_hash = Blake2b("A's state")})})) {
+    ASSERT_TRUE(x.ok) << x.reason;
+  }
+  EXPECT_EQ(Task().rounds_settled, 1u);
+  // The end of a block steps the tasks in id order: B's came before A's, which settled the round,
+  // so B saw n1's files of it still counted. The next block places it.
+  ASSERT_LT(b, a);
+  task_id_ = b;
+  EXPECT_EQ(Unit(0, 0, 2).status, WorkUnitStatus::kPending);
+  Step();
+  EXPECT_EQ(Unit(0, 0, 2).status, WorkUnitStatus::kAssigned);
+  EXPECT_EQ(Unit(0, 0, 2).assignee, nodes_[0].public_key());
+}
+
+// The next round of the same task is placed in the block its round before becomes final (without
+// verification, the block of its aggregate): the node has deleted that round's files before it
+// sees the new unit (it reviews its pins before taking work), so they do not count then. n1,
+// whose disk holds one stage 2 unit's files, takes round 1's stage 2 in that block.
+TEST_F(PipelineStageTest, ARoundFinalInThisBlockNoLongerCountsAgainstTheNextRoundsDisk) {
+  TaskParams p = PipelineParams();
+  p.units_per_round = kStages;  // one replica, two rounds
+  const uint64_t stage2_disk = protocol::StageDiskBytes(p.stage_memory_bytes[2], p.inner_steps);
+  std::vector<Transaction> regs;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    RegisterNodeTx reg = Reg(i);
+    if (i == 0) reg.capabilities.disk_bytes = 2 * stage2_disk - 1;
+    if (i == 1) reg.capabilities.disk_bytes = 4 * kGiB * p.inner_steps;
+    regs.push_back(Q(alice_, reg));
+  }
+  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_TRUE(Submit(p).ok);
+  ASSERT_EQ(Unit(0, 0, 2).assignee, nodes_[0].public_key());
+  std::vector<Transaction> txs;
+  for (uint32_t s = 0; s < kStages; ++s) txs.push_back(Q(alice_, Commit(0, 0, s)));
+  for (const Receipt& x : Step(txs)) ASSERT_TRUE(x.ok) << x.reason;
+  const RoundStateMachine m = Machine();
+  ASSERT_TRUE(m.aggregator().has_value());
+  for (const Receipt& x : Step({Q(alice_, CommitAggregateTx{.task_id = task_id_,
+                                          .round = 0,
+                                          .node_id = m.aggregator()->node,
+                                          .state_hash = Blake2b("state 1")})})) {
+    ASSERT_TRUE(x.ok) << x.reason;
+  }
+  EXPECT_EQ(Task().rounds_settled, 1u);
+  EXPECT_EQ(Unit(1, 0, 2).status, WorkUnitStatus::kAssigned);
+  EXPECT_EQ(Unit(1, 0, 2).assignee, nodes_[0].public_key());
+}
+
 TEST_F(PipelineStageTest, NoPlacementLeavesTheRoundPendingAndCommitStageNeedsStages) {
   // Stage 2 needs 9 GiB: no node holds it, so nothing is placed (the round waits).
   TaskParams p = PipelineParams();

@@ -246,6 +246,48 @@ TEST(PipelineNetworkTest, ANodeDeletesTheStageEvidenceAnEarlierProcessLeftWhenIt
   EXPECT_TRUE(left->empty()) << stages << " keeps " << left->size() << " file(s)";
 }
 
+// A node keeps a stage unit's files until the unit's round is final, as the ledger counts them
+// against its declared disk (ledger StageDiskHeld), or until it sees the task closed: a cancelled
+// task's units are never checked or paid, so its stage files go at once, not with its blobs
+// release_after_blocks later (here never). Without that, the files of the round under way when
+// the task was cancelled stayed.
+TEST(PipelineNetworkTest, ACancelledTasksStageFilesAreDeletedOnceTheNodeSeesItClosed) {
+  testing::SimOptions opt = PipelineSimOptions(17, "pipeline-network-cancel");
+  opt.agent_options = [](int, AgentOptions& a) { a.release_after_blocks = 1'000'000; };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  // The files in each node's stages/ folder.
+  auto files = [&] {
+    size_t n = 0;
+    for (int i = 0; i < opt.nodes; ++i) {
+      const std::string dir =
+          HomeLayout(opt.root + "/nodes/n" + std::to_string(i)).StageEvidenceDir();
+      if (Result<std::vector<std::string>> names = Env::Default()->ListDir(dir); names.ok()) {
+        n += names->size();
+      }
+    }
+    return n;
+  };
+  int b = 0;
+  for (; b < 20'000 && files() == 0; ++b) {
+    ASSERT_TRUE(sim.Step().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(files(), 0u) << "no stage wrote a file in " << b << " blocks";
+  ASSERT_EQ(sim.Task(false).value("status", std::string()), "open");
+  Result<TxOutcome> cancel = sim.SendAsSubmitter(ledger::CancelTaskTx{.task_id = sim.task_id()});
+  ASSERT_TRUE(cancel.ok()) << cancel.status().ToString();
+  ASSERT_TRUE(cancel->ok) << cancel->reason;
+  ASSERT_EQ(sim.Task(false).value("status", std::string()), "cancelled");
+  // A stage thread may publish a step before its node sees the cancel: the next review deletes it.
+  for (b = 0; b < 2'000 && files() != 0; ++b) {
+    ASSERT_TRUE(sim.Step().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(files(), 0u) << "stage files left " << b << " blocks after the cancel";
+}
+
 // A stage whose steps fail (here node 5's own, by a 1 ms step deadline; its neighbours then wait
 // for it past their 3 s deadlines: a silent neighbour) commits nothing: no CommitStage from any
 // stage of its replica, and the round is not aggregated. Every failed run is logged and the unit

@@ -323,7 +323,11 @@ uint64_t StageDiskBytes(uint64_t memory_bytes, uint32_t inner_steps) {
 
 uint64_t StageHoldBytes(const NodeView& node, uint32_t inner_steps) {
   if (node.disk_bytes == 0) return node.memory_bytes;  // none declared: not checked
-  return std::min(node.memory_bytes, node.disk_bytes / std::max<uint64_t>(inner_steps, 1));
+  // What its stage units' files leave of it (they may take it all: a node declared a smaller
+  // disk since, or was placed before the ledger counted them).
+  const uint64_t left =
+      node.disk_bytes > node.disk_held_bytes ? node.disk_bytes - node.disk_held_bytes : 0;
+  return std::min(node.memory_bytes, left / std::max<uint64_t>(inner_steps, 1));
 }
 
 Result<std::vector<std::vector<NodeId>>> PlaceStages(
@@ -416,17 +420,40 @@ Result<std::vector<std::vector<NodeId>>> PlaceStages(
     size_t holders = 0, wanting = 0;
     for (uint64_t m : mem) holders += m >= need ? 1 : 0;
     for (const PlaceSlot& s : slots) wanting += s.need.memory_bytes >= need ? 1 : 0;
-    // A node "holds that much" when its memory holds the stage and its declared disk the
-    // stage's files (StageHoldBytes).
+    // A node "holds that much" when its memory holds the stage and its declared disk, less the
+    // files of the stage units it holds, the stage's files (StageHoldBytes). The nodes eligible
+    // by their memory alone that hold it in memory but not its files on disk are named (the
+    // first 3, in the order given: the ledger's is by id), with their figures.
+    const uint64_t disk_need = StageDiskBytes(need, task.inner_steps);
+    std::string short_of_disk;
+    size_t disk_short = 0;
+    for (const NodeView& d : declared) {
+      if (d.memory_bytes < need || StageHoldBytes(d, task.inner_steps) >= need ||
+          CheckEligibility(d, floor, height, params) != Eligibility::kEligibilityOk) {
+        continue;
+      }
+      if (++disk_short > 3) continue;
+      short_of_disk += std::string(disk_short == 1 ? " (" : "; ") + "node " + d.id.ShortHex() +
+                       " declares " + std::to_string(d.disk_bytes) + " bytes of disk, " +
+                       std::to_string(d.disk_held_bytes) +
+                       " of them held by the files of the stage units it holds";
+    }
+    if (disk_short > 3) short_of_disk += "; " + std::to_string(disk_short - 3) + " more";
+    if (disk_short != 0) {
+      short_of_disk = "; " + std::to_string(disk_short) +
+                      " node(s) whose memory holds it are short of disk for its files" +
+                      short_of_disk + ")";
+    }
     return FailedPrecondition(
         "stage placement: stage " + std::to_string(bad.stage) + " needs " + std::to_string(need) +
         " bytes of memory; " + std::to_string(holders) + " of the " + std::to_string(free.size()) +
         " eligible nodes hold that much, and " + std::to_string(wanting) + " stage slots (" +
-        std::to_string(replicas) + " replicas) need at least that much: add nodes with " +
-        std::to_string(need) + " bytes or more, and " +
-        std::to_string(StageDiskBytes(need, task.inner_steps)) +
+        std::to_string(replicas) + " replicas) need at least that much" + short_of_disk +
+        ": add nodes with " + std::to_string(need) + " bytes or more, and " +
+        std::to_string(disk_need) +
         " bytes or more of disk for the stage's files where they declare one (node.toml "
-        "disk_limit_bytes), run fewer replicas, or cut the model into more stages "
+        "disk_limit_bytes; a node's files of a round are deleted when the round is final), run "
+        "fewer replicas, or cut the model into more stages "
         "(network.stages)");
   }
 

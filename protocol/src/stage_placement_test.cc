@@ -172,6 +172,46 @@ TEST(StagePlacementTest, AStageGoesOnlyToANodeWhoseDeclaredDiskHoldsItsFiles) {
       << r.status().ToString();
 }
 
+// A node keeps the files of every stage unit it holds until the unit's round is final, so its
+// declared disk is offered net of them (NodeView::disk_held_bytes, the ledger's sum): a node
+// whose disk holds one unit's files but not two, holding one, gets no second; once the first's
+// files stop counting, it does. The refusal names it with its figures.
+TEST(StagePlacementTest, ANodesDiskIsOfferedNetOfTheStageUnitsItHolds) {
+  TaskSpecView task = PlaceTask();
+  task.inner_steps = 50;
+  const std::vector<StageNeed> stages = {{100, 10}};
+  std::vector<NodeView> nodes = {PlaceNode(1, 1000, 500)};
+  nodes[0].disk_bytes = 2 * StageDiskBytes(100, 50) - 1;  // one unit's files, not two
+  nodes[0].disk_held_bytes = StageDiskBytes(100, 50);     // it holds one
+  EXPECT_EQ(StageHoldBytes(nodes[0], 50), 99u);
+  Result<std::vector<std::vector<NodeId>>> r =
+      PlaceStages(task, stages, {}, 1, nodes, kPlaceHeight, SchedulerParams{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find(
+                "0 of the 0 eligible nodes hold that much, and 1 stage slots (1 replicas) need at "
+                "least that much; 1 node(s) whose memory holds it are short of disk for its files "
+                "(node " +
+                nodes[0].id.ShortHex() +
+                " declares 9999 bytes of disk, 5000 of them held by the files of the stage units "
+                "it holds): add nodes"),
+            std::string::npos)
+      << r.status().ToString();
+  // Held files that take the whole disk, or more (a smaller disk declared since), leave nothing.
+  nodes[0].disk_held_bytes = 20000;
+  EXPECT_EQ(StageHoldBytes(nodes[0], 50), 0u);
+  // The first unit's files no longer count: it takes the stage.
+  nodes[0].disk_held_bytes = 0;
+  EXPECT_EQ(StageHoldBytes(nodes[0], 50), 199u);
+  r = PlaceStages(task, stages, {}, 1, nodes, kPlaceHeight, SchedulerParams{});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)[0][0], nodes[0].id);
+  // A node that declares no disk is not checked, whatever it holds.
+  nodes[0].disk_bytes = 0;
+  nodes[0].disk_held_bytes = 20000;
+  EXPECT_EQ(StageHoldBytes(nodes[0], 50), 1000u);
+}
+
 // Exhaustive search: is there any assignment of distinct nodes to the slots that fits memory?
 bool PlaceBruteForce(const std::vector<uint64_t>& needs, const std::vector<uint64_t>& memories,
                      std::vector<bool>& used, size_t slot) {

@@ -168,7 +168,12 @@ Status PinKeeper::ReviewPins() {
     // "Fraud proofs after the fact"); a redo needs no delta or checkpoint of the rounds it
     // re-runs.
     const uint32_t finalized = gone ? 0 : info->rounds_settled;
-    stager_->ReleaseEvidence(task, finalized);
+    // Stage evidence goes with its round's finality, as the ledger counts a stage node's disk
+    // (its units of rounds not final, on open tasks: ledger StageDiskHeld); a closed task's all
+    // at once: a finished task's rounds are all final, and a cancelled task's units are never
+    // checked or paid (nor is it reopened), so nothing replays them.
+    const bool open = !gone && info->status == ledger::TaskStatus::kOpen;
+    stager_->ReleaseEvidence(task, open ? finalized : UINT32_MAX);
     ML_ASSIGN_OR_RETURN(
         size_t freed, node_->book().Remove([&](const Hash256&, const std::string& r) {
           std::string kind;

@@ -60,11 +60,13 @@
 // naming it ends, its unit directories and data files are deleted. A task seen closed and then
 // open again (reopened by a fraud proof) is kept until it closes anew.
 // A unit's checkpoints (<data_dir>/units/<T>-<index>/) are all kept until the unit's round is
-// final, then deleted. SEAM (verification): a round is final only when its verification window
-// has closed (the task's weights_history grows only then), so a verifier can replay any k-step
-// segment from the solver's checkpoint and a dispute can bisect it until then; keeping them
-// longer (e.g. for a dispute still open) means holding finality (RoundStateMachine::
-// HoldFinality), not a node-side rule.
+// final, then deleted. A stage unit's evidence files (<data_dir>/stages/) too, or until the node
+// sees its task closed (a cancelled task's units are never checked): the ledger counts them
+// against the node's declared disk until then (docs/ledger.md, "Network training"). SEAM
+// (verification): a round is final only when its verification window has closed (the task's
+// weights_history grows only then), so a verifier can replay any k-step segment from the solver's
+// checkpoint and a dispute can bisect it until then; keeping them longer (e.g. for a dispute still
+// open) means holding finality (RoundStateMachine::HoldFinality), not a node-side rule.
 //
 // Verification (docs/verification.md; the ledger side is ledger/src/verification.cc). With the
 // chain's genesis `verification` on, the node plays every role node_work's "checks" give it:

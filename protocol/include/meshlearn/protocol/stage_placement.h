@@ -9,10 +9,10 @@
 //
 //   * eligible nodes: the scheduler's CheckEligibility (active, live heartbeat, price, reported
 //     throughput, reputation) with the smallest stage's memory as the task's need;
-//   * a slot goes only to a node whose memory_bytes holds its stage and whose declared disk
-//     holds the stage's files (StageHoldBytes: a node's memory, or less where its disk is the
-//     smaller offer), and a node takes one slot; in every rule below a node's memory is its
-//     StageHoldBytes;
+//   * a slot goes only to a node whose memory_bytes holds its stage and whose declared disk,
+//     less what the files of the stage units it holds take (disk_held_bytes), holds the stage's
+//     files (StageHoldBytes: a node's memory, or less where that disk is the smaller offer), and
+//     a node takes one slot; in every rule below a node's memory is its StageHoldBytes;
 //   * heavier stages first (FLOPs, then memory, then stage, then replica): each takes the fastest
 //     node left (throughput_flops; then the smaller memory, keeping larger nodes for the stages
 //     that need them; then the node id) among those whose choice still lets every remaining slot
@@ -74,13 +74,17 @@ struct StageNeed {
 // stage's memory need (engine::CutCosts' total holds the weights and moments beside their
 // gradients and the activations; step_tensor_bytes is added to it), so H x the need bounds
 // them, with the gradients and activations to spare. The bound is one unit's: a node's files of
-// an earlier round stay until that round is final, beside the next unit's.
+// a round stay until that round is final (node::PinKeeper's ReleaseEvidence; a cancelled task's
+// when the node sees it closed), beside its next units', so a node's disk is offered net of the
+// units it holds (NodeView::disk_held_bytes: the ledger's sum of this over them).
 uint64_t StageDiskBytes(uint64_t memory_bytes, uint32_t inner_steps);
 // What `node` holds of a stage of a task of `inner_steps` steps: its memory_bytes, or, when it
-// declared a disk (NodeView::disk_bytes, not 0) holding less than inner_steps x that,
-// disk_bytes / inner_steps. So a node holds a stage's need m (StageHoldBytes >= m) exactly when
-// its memory holds m and its declared disk StageDiskBytes(m, inner_steps): disk and memory
-// needs are proportional, and PlaceStages places by this one figure. inner_steps 0 counts as 1.
+// declared a disk (NodeView::disk_bytes, not 0) whose part not held by the files of its other
+// stage units (disk_bytes - disk_held_bytes, 0 when they take it all) holds less than
+// inner_steps x that, that part / inner_steps. So a node holds a stage's need m
+// (StageHoldBytes >= m) exactly when its memory holds m and the disk its stage units leave
+// StageDiskBytes(m, inner_steps): disk and memory needs are proportional, and PlaceStages
+// places by this one figure. inner_steps 0 counts as 1.
 uint64_t StageHoldBytes(const NodeView& node, uint32_t inner_steps);
 
 // The most bytes a step may move across one stage boundary (TaskParams::stage_boundary_bytes;

@@ -72,6 +72,11 @@ struct NodeView {
   // checked. Only stage placement reads it (StageHoldBytes: PlaceStages, and `task quote`'s
   // count of the nodes that can take a stage).
   uint64_t disk_bytes = 0;
+  // Of disk_bytes, what the files of the stage units it already holds take
+  // (protocol::StageDiskBytes of each; the ledger sums its units of rounds not yet final:
+  // docs/ledger.md, "Network training"), so not offered to another; 0 when it holds none.
+  // Only StageHoldBytes reads it.
+  uint64_t disk_held_bytes = 0;
   uint64_t throughput_flops = 0;       // FLOP/s measured by the standard benchmark
   uint32_t latency_ms = 0;             // reported round-trip latency to the network
   uint64_t bandwidth_bytes_per_s = 0;  // reported sustained bandwidth (both directions)
