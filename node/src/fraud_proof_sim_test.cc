@@ -707,6 +707,9 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
     EXPECT_EQ(tx.segment, 0u) << "unit " << tx.index;
   }
   ASSERT_EQ(challenged, liar_units) << "the audit names exactly the liar's units";
+  std::printf("[ late     ] %zu wrong_example units, segment witness %llu bytes (bound %llu)\n",
+              liar_units.size(), static_cast<unsigned long long>(witness_bytes),
+              static_cast<unsigned long long>(ledger::kMaxWitnessBytes));
 
   // The false challenge: the honest unit's first segment claimed to end where a wrong_example run
   // of it ends (its round's start state, step 2's batch forged).
@@ -762,10 +765,11 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
   ASSERT_EQ(sim.Task(false)["verification"]["late_games"].size(), late.size() + 1);
 
   // The games: the auditor's account and the false challenger's against the solvers' nodes.
-  ASSERT_TRUE(sim.AddLateChallenger(sim.submitter_key()).ok());
-  ASSERT_TRUE(sim.AddLateChallenger(false_key,
-                                    [](AgentOptions& a) { a.adversary = Adversary::kWrongExample; })
-                  .ok());
+  Result<int> auditor_agent = sim.AddLateChallenger(sim.submitter_key());
+  ASSERT_TRUE(auditor_agent.ok()) << auditor_agent.status().ToString();
+  Result<int> false_agent = sim.AddLateChallenger(
+      false_key, [](AgentOptions& a) { a.adversary = Adversary::kWrongExample; });
+  ASSERT_TRUE(false_agent.ok()) << false_agent.status().ToString();
   std::map<uint32_t, std::set<std::string>> stages;
   std::map<uint32_t, uint32_t> turns;
   for (int b = 0; b < 600 && !sim.Task(false)["verification"]["late_games"].empty(); ++b) {
@@ -782,6 +786,12 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
   const json after = sim.Task(true);
   const json& v = after["verification"];
   ASSERT_TRUE(v["late_games"].empty()) << v.dump();
+  // The tile witnesses came from the honest side of each game: the auditor's account for the
+  // liar's units, the honest solver's node for the false challenge; the liars post none.
+  EXPECT_EQ(sim.agent(*auditor_agent)->stats().tile_witnesses, liar_units.size());
+  EXPECT_EQ(sim.agent(1)->stats().tile_witnesses, 1u);
+  EXPECT_EQ(sim.agent(*false_agent)->stats().tile_witnesses, 0u);
+  EXPECT_EQ(sim.agent(0)->stats().tile_witnesses, 0u);
 
   // Every game ruled by RefereeTile at a tile of step 2's first linear forward, the operator
   // that reads the batch's examples, at the forged example's row (batch row 0).
