@@ -87,7 +87,7 @@ TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
   CmdResult r = Meshlearn("devnet --help", TempHome());
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* mode : {"lazy", "noisy", "wrong_data", "copy", "stale", "wrong_result",
-                           "noisy_last", "targeted", "drift", "rubber_stamp"}) {
+                           "noisy_last", "targeted", "drift", "wrong_example", "rubber_stamp"}) {
     EXPECT_NE(r.out.find(mode), std::string::npos) << mode << " missing from:\n" << r.out;
   }
 }

@@ -1676,7 +1676,8 @@ void AddDevnet(CLI::App& root, GlobalOptions& g) {
                   "I@R: start solver I only once round R (numbered from 0) finished; repeatable");
   cmd->add_option("--adversary", a.adversary,
                   "ROLE:MODE: one node cheats (solver:lazy|noisy|wrong_data|copy|stale|"
-                  "wrong_result|noisy_last|targeted|drift, verifier:rubber_stamp); repeatable");
+                  "wrong_result|noisy_last|targeted|drift|wrong_example, verifier:rubber_stamp); "
+                  "repeatable");
   cmd->add_option("--verifiers", a.verifiers,
                   "Verifier-only nodes to add (every solver node verifies too)")
       ->capture_default_str();

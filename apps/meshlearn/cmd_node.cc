@@ -579,6 +579,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  # adversary = \"lazy\"              # testing only: lazy|noisy|wrong_data|copy|stale|\n"
       "                                    #   wrong_result (honest training, negated delta)|\n"
       "                                    #   noisy_last|targeted (poison one segment)|\n"
+      "                                    #   wrong_example (one step's batch forged)|\n"
       "                                    #   rubber_stamp (a verifier that never replays)\n"
       "  [capabilities]                    # optional: paste `node bench`; measured if absent\n"
       "  throughput = 20000000000\n"

@@ -6,6 +6,7 @@
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/protocol/aggregate.h"
 
 namespace meshlearn::node {
@@ -14,7 +15,7 @@ namespace {
 
 constexpr std::string_view kNames[] = {"none",       "lazy",     "noisy",        "wrong_data",
                                        "copy",       "stale",    "rubber_stamp", "wrong_result",
-                                       "noisy_last", "targeted", "drift"};
+                                       "noisy_last", "targeted", "drift",        "wrong_example"};
 
 uint64_t SplitMix64(uint64_t& x) {
   uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
@@ -54,11 +55,12 @@ void Finish(UnitOutcome& out, std::span<const float> global, std::vector<float> 
 
 // The loop of UnitExecutor::Run with the cheats: `skip_odd` (lazy) runs only the even steps,
 // `poison` is applied to the weights after step `poison_after` (> 0), `data_stream` is the stream
-// whose batches it trains on (its states are labelled with work.stream all the same).
+// whose batches it trains on (its states are labelled with work.stream all the same), step
+// `forge_step` (> 0; wrong_example) reads its batch forged (ForgeExample).
 Result<UnitOutcome> CheatRun(engine::Trainer* trainer, std::span<const float> global,
                              const UnitWork& work, const UnitRunOptions& options, bool skip_odd,
                              int64_t poison_after, uint64_t data_stream,
-                             Poison poison = Poison::kNoise) {
+                             Poison poison = Poison::kNoise, int64_t forge_step = 0) {
   if (work.inner_steps <= 0) {
     return InvalidArgument("unit inner_steps must be > 0, got " + std::to_string(work.inner_steps));
   }
@@ -85,6 +87,13 @@ Result<UnitOutcome> CheatRun(engine::Trainer* trainer, std::span<const float> gl
     }
     if (skip_odd && s % 2 == 1) {
       st.step = s + 1;  // pretend
+    } else if (s + 1 == forge_step) {
+      // Trainer::Step on the forged batch.
+      engine::Batch batch = trainer->BatchForStep(st.step);
+      ForgeExample(batch);
+      last_loss = engine::StepOnBatch(
+          st, batch, engine::DropoutSeed(trainer->task().seed, trainer->task().stream), nullptr,
+          trainer->task().micro_batches);
     } else {
       last_loss = trainer->Step();
     }
@@ -114,9 +123,23 @@ void PerturbParams(std::vector<engine::Param>& params, uint64_t stream) {
 
 int64_t PoisonAfterSteps(int64_t inner_steps) { return std::max<int64_t>(1, inner_steps / 2); }
 
+void ForgeExample(engine::Batch& batch) {
+  if (!batch.tokens.empty()) {
+    batch.tokens[0] = batch.tokens[0] == 0 ? 1 : 0;
+    return;
+  }
+  batch.inputs.data()[0] += 1.0f;
+}
+
+int64_t ForgedExampleStep(int64_t inner_steps) { return PoisonAfterSteps(inner_steps); }
+
 bool CheatsAsSolver(Adversary a) { return a != Adversary::kNone && a != Adversary::kRubberStamp; }
 
 bool CheatsAsVerifier(Adversary a) { return a == Adversary::kRubberStamp; }
+
+bool LiesInDisputes(Adversary a, bool defender) {
+  return defender ? CheatsAsSolver(a) : a == Adversary::kWrongExample;
+}
 
 std::string_view AdversaryName(Adversary a) {
   size_t i = static_cast<size_t>(a);
@@ -165,6 +188,9 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
     case Adversary::kTargeted:
       return CheatRun(trainer, global, work, options, false, PoisonAfterSteps(work.inner_steps),
                       work.stream, Poison::kShiftClassZero);
+    case Adversary::kWrongExample:
+      return CheatRun(trainer, global, work, options, false, 0, work.stream, Poison::kNone,
+                      ForgedExampleStep(work.inner_steps));
     case Adversary::kWrongData: {
       uint64_t other = in.other_stream;
       if (other == 0 || other == work.stream) {

@@ -8,9 +8,10 @@
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/node/step_witness.h"
+#include "testing/diloco_task.h"
 #include "testing/sim_harness.h"
 #include "testing/synthetic_task.h"
-#include "testing/diloco_task.h"
 
 namespace meshlearn::node {
 namespace {
@@ -84,10 +85,10 @@ class AdversaryTest : public ::testing::Test {
 engine::Trainer* AdversaryTest::trainer_ = nullptr;
 
 TEST(AdversaryNames, ParseAndName) {
-  for (Adversary a : {Adversary::kNone, Adversary::kLazy, Adversary::kNoisy,
-                      Adversary::kWrongData, Adversary::kCopy, Adversary::kStale,
-                      Adversary::kRubberStamp, Adversary::kWrongResult, Adversary::kNoisyLast,
-                      Adversary::kTargeted}) {
+  for (Adversary a :
+       {Adversary::kNone, Adversary::kLazy, Adversary::kNoisy, Adversary::kWrongData,
+        Adversary::kCopy, Adversary::kStale, Adversary::kRubberStamp, Adversary::kWrongResult,
+        Adversary::kNoisyLast, Adversary::kTargeted, Adversary::kDrift, Adversary::kWrongExample}) {
     Result<Adversary> p = ParseAdversary(AdversaryName(a));
     ASSERT_TRUE(p.ok());
     EXPECT_EQ(*p, a);
@@ -153,6 +154,49 @@ TEST_F(AdversaryTest, TargetedShiftsClassZeroInOneSegment) {
   ASSERT_NE(bias, nullptr);
   const size_t i = static_cast<size_t>(bias_offset);
   EXPECT_NEAR(honest->outcome.delta[i] - c->outcome.delta[i], kTargetedShift, 0.02f);
+}
+
+// wrong_example trains honestly but for step H/2, which reads its batch forged: every state before
+// it is the honest one, every state from it on differs, and a replay catches the segment holding
+// it. Its trace of that step (what it claims in a dispute) reaches the state it committed, and
+// the first operator whose output differs from the honest trace's is the first layer's forward,
+// the operator that reads the batch's examples: the tile phase ends there.
+TEST_F(AdversaryTest, WrongExampleLiesInOneStepsForwardWhereItReadsTheExamples) {
+  std::vector<float> global = trainer_->FlatParams();
+  UnitWork every = kWork;
+  every.checkpoint_interval = 1;
+  auto honest = Solve(Adversary::kNone, global, every);
+  auto c = Solve(Adversary::kWrongExample, global, every);
+  const int64_t forged = ForgedExampleStep(kWork.inner_steps);
+  ASSERT_EQ(forged, 4);
+  for (int64_t s = 0; s <= kWork.inner_steps; ++s) {
+    EXPECT_EQ(c->outcome.state_hashes[s] == honest->outcome.state_hashes[s], s < forged)
+        << "state after step " << s;
+  }
+  EXPECT_EQ(CaughtSegments(*Solve(Adversary::kWrongExample, global, kWork), global, kWork),
+            (std::vector<uint32_t>{0}));
+
+  const Hash256 agreed = honest->outcome.state_hashes[forged - 1];
+  Result<TracedStep> lie =
+      TraceDisputedStep(trainer_, global, kWork, forged, agreed, {}, ForgeExample);
+  ASSERT_TRUE(lie.ok()) << lie.status().ToString();
+  Result<TracedStep> truth = TraceDisputedStep(trainer_, global, kWork, forged, agreed);
+  ASSERT_TRUE(truth.ok()) << truth.status().ToString();
+  EXPECT_EQ(lie->output, c->outcome.state_hashes[forged]);
+  EXPECT_EQ(truth->output, honest->outcome.state_hashes[forged]);
+  ASSERT_EQ(lie->trace->size(), truth->trace->size());
+  size_t first = 0;
+  while (first < truth->trace->size() && lie->trace->hash(first) == truth->trace->hash(first)) {
+    ++first;
+  }
+  ASSERT_LT(first, truth->trace->size()) << "the forged step's trace is the honest one";
+  const engine::TaskSpec& t = trainer_->task();
+  Result<engine::TilePlan> plan =
+      engine::PlanStepTiles(t.model, t.optimizer, t.batch_size, t.seq_len, t.micro_batches);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const engine::TileOp& op = plan->ops.at(first);
+  EXPECT_EQ(op.kind, engine::TileOpKind::kTileOpLinear) << op.name;
+  EXPECT_EQ(op.x, engine::kTileOperandBatch) << op.name << " does not read the examples";
 }
 
 TEST_F(AdversaryTest, WrongDataIsCaughtInEverySegment) {

@@ -11,8 +11,11 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <regex>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "meshlearn/node/adversary.h"
 #include "meshlearn/node/pin_book.h"
@@ -356,38 +359,106 @@ TEST(FraudProofSimTest, TheAuditorPlaysLateGamesAgainstTheSolversNodesAndTheHone
 // auditor's account and the lazy node are restarted in the tile phase and play on.
 constexpr int64_t kWideDim = 256, kWideHidden = 5120;
 
+// The wide MLP's network (above; 2 rounds of 2 units, H = 4, k = 2) run to its task's end: nodes 0
+// and 1 solvers, nodes 2 and 3 verifiers that rubber-stamp (approve without replaying), so node 0,
+// which cheats as `cheat`, is paid for every unit; no forced errors (one would unmask the rubber
+// stamps). The nodes let a finished task's blobs go as soon as its audit window closes: the late
+// games must keep them.
+struct WideRun {
+  MemEnv env;
+  std::string toml;
+  std::unique_ptr<SimHarness> sim;
+  WideRun(uint64_t seed, Adversary cheat) {
+    Result<std::string> t = testing::WriteSyntheticTask(
+        &env, "/data", seed, 480, 160, kWideDim, /*classes=*/4,
+        /*rounds=*/2, /*units=*/2, /*H=*/4, /*k=*/2, "mean", kWideHidden);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return;
+    toml = *t;
+    SimOptions o{
+        .seed = seed, .nodes = 4, .task_toml = toml, .log = testing::SimLog(), .env = &env};
+    o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                      {.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
+                      {.roles = ledger::kRoleVerifier},
+                      {.roles = ledger::kRoleVerifier}};
+    o.tweak_genesis = [](ledger::Genesis& g) {
+      g.params.verification = true;
+      g.params.forced_error_per_million = 0;
+      g.params.verifiers_per_unit = 1;
+    };
+    o.agent_options = [cheat](int i, AgentOptions& a) {
+      if (i == 0) a.adversary = cheat;
+      if (i >= 2) a.adversary = Adversary::kRubberStamp;
+      a.release_after_blocks = 0;
+    };
+    sim = std::make_unique<SimHarness>(o);
+    Status s = sim->Setup();
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (s.ok()) s = sim->RunUntilFinished(1500);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (s.ok()) {
+      EXPECT_EQ(sim->Task(false).value("status", std::string()), "finished");
+      EXPECT_EQ(testing::Slashes(*sim, 0), 0u) << "the rubber stamps approved every unit of node 0";
+    }
+  }
+};
+
+// The full audit of the wide MLP's finished task `before`, at the real witness bound: each unit
+// it fails has a segment witness over kMaxWitnessBytes, so its fraud proof is a LateChallenge,
+// which must carry the bundle (the tile phase: MismatchNeedsBundle). Returns them; the largest
+// witness in `*witness_bytes`.
+std::vector<ledger::LateChallengeTx> WideAuditLateChallenges(SimHarness& sim, const json& before,
+                                                             uint64_t* witness_bytes) {
+  const BlobGetter get = AllNodeBlobs(&sim, 4);
+  std::vector<ledger::LateChallengeTx> late;
+  AuditOptions ao{.full = true, .work_dir = "/audit"};
+  ao.on_fraud = [&](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
+    Result<FraudProofSend> f = FraudProofFor(before, u, w, get);
+    EXPECT_TRUE(f.ok()) << f.status().ToString();
+    if (!f.ok()) return {{"error", f.status().message()}};
+    EXPECT_TRUE(f->late) << "unit " << u.index << ": a witness of " << f->witness_bytes << " bytes";
+    EXPECT_GT(f->witness_bytes, ledger::kMaxWitnessBytes);
+    *witness_bytes = std::max(*witness_bytes, f->witness_bytes);
+    if (!f->late) return {{"error", "not late"}};
+    late.push_back(std::get<ledger::LateChallengeTx>(f->tx));
+    EXPECT_FALSE(late.back().bundle.text.empty());
+    return {{"late", true}};
+  };
+  Result<AuditReport> r = AuditTaskRecord(sim.env(), before, get, ao);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (r.ok()) {
+    EXPECT_FALSE(r->pass);
+  }
+  return late;
+}
+
+// Sends each LateChallenge with its sender and produces one block: every one lands in it.
+void SendInOneBlock(SimHarness& sim,
+                    const std::vector<std::pair<TxSender*, ledger::LateChallengeTx>>& txs) {
+  std::set<Hash256> sent;
+  std::set<TxSender*> senders;
+  for (const auto& [sender, tx] : txs) {
+    Result<Hash256> id = sender->Send(tx);
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    sent.insert(*id);
+    senders.insert(sender);
+  }
+  ASSERT_TRUE(sim.Step().ok());
+  for (TxSender* sender : senders) {
+    ASSERT_TRUE(sender->Poll().ok());
+    for (const TxOutcome& out : sender->TakeOutcomes()) {
+      EXPECT_TRUE(out.ok) << out.type << ": " << out.reason;
+      sent.erase(out.id);
+    }
+  }
+  ASSERT_TRUE(sent.empty()) << "every LateChallenge lands in the next block";
+}
+
 TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByTheLedger) {
   constexpr uint64_t kSeed = 3;
-  MemEnv env;
-  Result<std::string> toml =
-      testing::WriteSyntheticTask(&env, "/data", kSeed, 480, 160, kWideDim, /*classes=*/4,
-                                  /*rounds=*/2, /*units=*/2, /*H=*/4, /*k=*/2, "mean", kWideHidden);
-  ASSERT_TRUE(toml.ok()) << toml.status().ToString();
-  SimOptions o{
-      .seed = kSeed, .nodes = 4, .task_toml = *toml, .log = testing::SimLog(), .env = &env};
-  o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
-                    {.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
-                    {.roles = ledger::kRoleVerifier},
-                    {.roles = ledger::kRoleVerifier}};
-  o.tweak_genesis = [](ledger::Genesis& g) {
-    g.params.verification = true;
-    g.params.forced_error_per_million = 0;  // a forced error would unmask the rubber stamps
-    g.params.verifiers_per_unit = 1;
-  };
-  o.agent_options = [](int i, AgentOptions& a) {
-    if (i == 0) a.adversary = Adversary::kLazy;
-    if (i >= 2) a.adversary = Adversary::kRubberStamp;
-    // The nodes let a finished task's blobs go as soon as its audit window closes: the games
-    // must keep them.
-    a.release_after_blocks = 0;
-  };
-  SimHarness sim(o);
-  Status s = sim.Setup();
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  s = sim.RunUntilFinished(1500);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  ASSERT_EQ(sim.Task(false).value("status", std::string()), "finished");
-  ASSERT_EQ(testing::Slashes(sim, 0), 0u) << "the rubber stamps approved every lazy unit";
+  WideRun run(kSeed, Adversary::kLazy);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  SimHarness& sim = *run.sim;
   const json before = sim.Task(true);
   const std::string lazy = sim.node_key(0).public_key().ToHex();
   const std::string honest_node = sim.node_key(1).public_key().ToHex();
@@ -405,25 +476,8 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
 
   // The audit at the real witness bound: every failed unit's segment witness is over it.
   const BlobGetter get = AllNodeBlobs(&sim, 4);
-  std::vector<ledger::LateChallengeTx> late;
   uint64_t witness_bytes = 0;
-  AuditOptions ao{.full = true, .work_dir = "/audit"};
-  ao.on_fraud = [&](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
-    Result<FraudProofSend> f = FraudProofFor(before, u, w, get);
-    EXPECT_TRUE(f.ok()) << f.status().ToString();
-    if (!f.ok()) return {{"error", f.status().message()}};
-    EXPECT_TRUE(f->late) << "unit " << u.index << ": a witness of " << f->witness_bytes << " bytes";
-    EXPECT_GT(f->witness_bytes, ledger::kMaxWitnessBytes);
-    witness_bytes = std::max(witness_bytes, f->witness_bytes);
-    if (!f->late) return {{"error", "not late"}};
-    late.push_back(std::get<ledger::LateChallengeTx>(f->tx));
-    // The tile phase: the mismatch of a state this large must carry the bundle.
-    EXPECT_FALSE(late.back().bundle.text.empty());
-    return {{"late", true}};
-  };
-  Result<AuditReport> r = AuditTaskRecord(sim.env(), before, get, ao);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_FALSE(r->pass);
+  std::vector<ledger::LateChallengeTx> late = WideAuditLateChallenges(sim, before, &witness_bytes);
   std::set<uint32_t> challenged;
   for (const ledger::LateChallengeTx& tx : late) challenged.insert(tx.index);
   ASSERT_EQ(challenged, lazy_units) << "the audit names exactly the lazy solver's units";
@@ -451,19 +505,9 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
   const PublicKey auditor = sim.submitter_key().public_key();
   const uint64_t auditor_before = BalanceOf(sim, auditor);
   const uint64_t solver_before = BalanceOf(sim, sim.node_key(1).public_key());
-  std::set<Hash256> sent;
-  for (const ledger::LateChallengeTx& tx : late) {
-    Result<Hash256> id = sim.submitter_tx().Send(tx);
-    ASSERT_TRUE(id.ok()) << id.status().ToString();
-    sent.insert(*id);
-  }
-  ASSERT_TRUE(sim.Step().ok());
-  ASSERT_TRUE(sim.submitter_tx().Poll().ok());
-  for (const TxOutcome& out : sim.submitter_tx().TakeOutcomes()) {
-    EXPECT_TRUE(out.ok) << out.type << ": " << out.reason;
-    sent.erase(out.id);
-  }
-  ASSERT_TRUE(sent.empty()) << "every LateChallenge lands in the next block";
+  std::vector<std::pair<TxSender*, ledger::LateChallengeTx>> sends;
+  for (const ledger::LateChallengeTx& tx : late) sends.emplace_back(&sim.submitter_tx(), tx);
+  ASSERT_NO_FATAL_FAILURE(SendInOneBlock(sim, sends));
   ASSERT_EQ(sim.Task(false)["verification"]["late_games"].size(), late.size());
 
   // The games, played by the auditor's account and the solvers' nodes. Each game's stages and
@@ -576,6 +620,238 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
   EXPECT_EQ(after.value("final_state", std::string()), before.value("final_state", std::string()));
   EXPECT_EQ(BalanceOf(sim, sim.node_key(1).public_key()), solver_before + honest_cost);
   EXPECT_EQ(BalanceOf(sim, auditor), auditor_before - honest_cost + bounties + clawed);
+  testing::ExpectNeverSlashed(sim, {1});
+  EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+// The wide MLP's task as any party loads it from the run's files: its spec, network terms, facts
+// and a trainer.
+struct WideTask {
+  engine::TaskSpec spec;
+  NetworkSpec net;
+  std::unique_ptr<engine::Trainer> trainer;
+  TaskFacts facts;
+};
+std::unique_ptr<WideTask> LoadWideTask(WideRun& run) {
+  const std::string path = "/data/task.toml";
+  EXPECT_TRUE(run.env.WriteFileAtomic(path, run.toml).ok());
+  auto t = std::make_unique<WideTask>();
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Load(&run.env, path);
+  Result<NetworkSpec> net = NetworkSpec::Load(&run.env, path);
+  EXPECT_TRUE(spec.ok() && net.ok());
+  if (!spec.ok() || !net.ok()) return nullptr;
+  t->spec = *spec;
+  t->net = *net;
+  Result<std::unique_ptr<engine::Trainer>> trainer = engine::Trainer::Create(&run.env, t->spec);
+  EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
+  if (!trainer.ok()) return nullptr;
+  t->trainer = std::move(*trainer);
+  t->facts = ComputeTaskFacts(*t->trainer, t->net);
+  return t;
+}
+
+// The operator and tile a RefereeTile ruling's reason names ("referee recomputed tile T of
+// operator J of step S: ..."): {J, T}, or nothing.
+std::optional<std::pair<uint32_t, uint64_t>> RuledTile(const json& ruling) {
+  static const std::regex kTile(R"(referee recomputed tile (\d+) of operator (\d+) of step \d+)");
+  std::smatch m;
+  const std::string reason = ruling.value("reason", std::string());
+  if (!std::regex_search(reason, m, kTile)) return std::nullopt;
+  return std::make_pair(static_cast<uint32_t>(std::stoul(m[2])), std::stoull(m[1]));
+}
+
+// A lie in a step's forward pass, played late to a tile that reads the batch's examples (issue
+// 16): on the wide MLP (above; every first segment's witness over 8 MiB), node 0 is a
+// wrong_example solver: each of its units reads step 2's batch with its first example's first
+// value + 1 (ForgeExample) and commits what the step computed from it; the rubber stamps pass
+// it and it is paid. After the audit window the audit challenges each of its units late, at the
+// real witness bound, with the bundle; and a second account, itself a wrong_example challenger
+// (AgentOptions::adversary on a late challenger), challenges an honest unit of node 1 with the
+// end a forged run of that unit reaches: the same lie told of honest work. Every game narrows to
+// step 2, to the operator whose output first differs, the first layer's forward (the one that
+// reads the examples), and to the tile of the forged example's row, and the ledger rules it
+// (RefereeTile, no key) from the examples proven against the task's data root: the liar slashed
+// and jailed, its units proven, the auditor's bonds back with a bounty each; the false
+// challenger's bond pays the honest solver the unit's cost.
+TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) {
+  constexpr uint64_t kSeed = 3;
+  WideRun run(kSeed, Adversary::kWrongExample);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  SimHarness& sim = *run.sim;
+  const json before = sim.Task(true);
+  const std::string liar = sim.node_key(0).public_key().ToHex();
+  const std::string honest_node = sim.node_key(1).public_key().ToHex();
+  std::set<uint32_t> liar_units;
+  const json* honest = nullptr;
+  for (const json& u : before["units"]) {
+    if (u.value("paid", uint64_t{0}) == 0) continue;
+    if (u.value("assignee", std::string()) == liar) liar_units.insert(u.value("index", 0u));
+    if (u.value("assignee", std::string()) == honest_node && honest == nullptr) honest = &u;
+  }
+  ASSERT_FALSE(liar_units.empty());
+  ASSERT_NE(honest, nullptr);
+  const uint64_t audit_end = before.value("audit_window_end", uint64_t{0});
+  ASSERT_LT(sim.height(), audit_end);
+  std::unique_ptr<WideTask> task = LoadWideTask(run);
+  ASSERT_NE(task, nullptr);
+  const int64_t forged_step = ForgedExampleStep(task->net.inner_steps);
+  ASSERT_EQ(forged_step, 2);
+
+  // The audit's challenges: one for each of the liar's units, of its first segment (steps 1-2).
+  uint64_t witness_bytes = 0;
+  const std::vector<ledger::LateChallengeTx> late =
+      WideAuditLateChallenges(sim, before, &witness_bytes);
+  std::set<uint32_t> challenged;
+  for (const ledger::LateChallengeTx& tx : late) {
+    challenged.insert(tx.index);
+    EXPECT_EQ(tx.segment, 0u) << "unit " << tx.index;
+  }
+  ASSERT_EQ(challenged, liar_units) << "the audit names exactly the liar's units";
+  std::printf("[ late     ] %zu wrong_example units, segment witness %llu bytes (bound %llu)\n",
+              liar_units.size(), static_cast<unsigned long long>(witness_bytes),
+              static_cast<unsigned long long>(ledger::kMaxWitnessBytes));
+
+  // The false challenge: the honest unit's first segment claimed to end where a wrong_example run
+  // of it ends (its round's start state, step 2's batch forged).
+  const BlobGetter get = AllNodeBlobs(&sim, 4);
+  const uint32_t round = honest->value("round", 0u);
+  Result<Bytes> start_blob =
+      get(*Hash256::FromHex(before["weights_history"][round].get<std::string>()));
+  ASSERT_TRUE(start_blob.ok()) << start_blob.status().ToString();
+  Result<GlobalState> start = DecodeGlobalState(*start_blob, task->facts.num_params);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  Result<UnitOutcome> forged = RunAdversaryUnit(
+      Adversary::kWrongExample, task->trainer.get(), start->weights,
+      protocol::UnitWorkOf(task->net, task->facts, round, honest->value("shard", 0u)), {}, {});
+  ASSERT_TRUE(forged.ok()) << forged.status().ToString();
+  AuditUnit hu{.index = honest->value("index", 0u)};
+  for (const json& l : (*honest)["leaves"]) {
+    hu.leaves.push_back(*Hash256::FromHex(l.get<std::string>()));
+  }
+  ASSERT_EQ(hu.leaves.size(), 3u);
+  ASSERT_EQ(forged->state_hashes.size(), 3u);
+  ASSERT_EQ(forged->state_hashes[0], hu.leaves[0]);
+  ASSERT_NE(forged->state_hashes[1], hu.leaves[1]) << "the forged example changed nothing";
+  // (No witness is built for a false end; the bound 0 sends it late, as a true one would be.)
+  BuiltSegmentWitness false_end{.segment = 0, .replayed_end = forged->state_hashes[1]};
+  Result<FraudProofSend> f = FraudProofFor(before, hu, false_end, get, /*max_witness_bytes=*/0);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE(f->late);
+  const ledger::LateChallengeTx false_challenge = std::get<ledger::LateChallengeTx>(f->tx);
+  EXPECT_FALSE(false_challenge.bundle.text.empty());
+  const uint64_t honest_cost = f->bond;
+  ASSERT_GT(honest_cost, 0u);
+  // The false challenger: an account the submitter funds.
+  KeySeed seed;
+  seed.bytes.fill(0x5a);
+  const KeyPair false_key = KeyPair::FromSeed(seed);
+  Result<TxOutcome> funded = sim.SendAsSubmitter(
+      ledger::TransferTx{.to = false_key.public_key(), .amount = 100 * honest_cost, .memo = ""});
+  ASSERT_TRUE(funded.ok() && funded->ok)
+      << (funded.ok() ? funded->reason : funded.status().ToString());
+  Result<std::unique_ptr<TxSender>> false_tx = sim.SenderFor(false_key);
+  ASSERT_TRUE(false_tx.ok()) << false_tx.status().ToString();
+
+  // After the window, every challenge in one block.
+  while (sim.height() < audit_end) ASSERT_TRUE(sim.Step().ok());
+  const PublicKey auditor = sim.submitter_key().public_key();
+  const uint64_t auditor_before = BalanceOf(sim, auditor);
+  const uint64_t solver_before = BalanceOf(sim, sim.node_key(1).public_key());
+  const uint64_t false_before = BalanceOf(sim, false_key.public_key());
+  std::vector<std::pair<TxSender*, ledger::LateChallengeTx>> sends;
+  for (const ledger::LateChallengeTx& tx : late) sends.emplace_back(&sim.submitter_tx(), tx);
+  sends.emplace_back(false_tx->get(), false_challenge);
+  ASSERT_NO_FATAL_FAILURE(SendInOneBlock(sim, sends));
+  ASSERT_EQ(sim.Task(false)["verification"]["late_games"].size(), late.size() + 1);
+
+  // The games: the auditor's account and the false challenger's against the solvers' nodes.
+  Result<int> auditor_agent = sim.AddLateChallenger(sim.submitter_key());
+  ASSERT_TRUE(auditor_agent.ok()) << auditor_agent.status().ToString();
+  Result<int> false_agent = sim.AddLateChallenger(
+      false_key, [](AgentOptions& a) { a.adversary = Adversary::kWrongExample; });
+  ASSERT_TRUE(false_agent.ok()) << false_agent.status().ToString();
+  std::map<uint32_t, std::set<std::string>> stages;
+  std::map<uint32_t, uint32_t> turns;
+  for (int b = 0; b < 600 && !sim.Task(false)["verification"]["late_games"].empty(); ++b) {
+    ASSERT_TRUE(sim.Step().ok());
+    const json t = sim.Task(true);  // kept: the loop reads into it
+    for (const json& u : t["units"]) {
+      if (!u.contains("late") || !u["late"]["game"].contains("stage")) continue;
+      const json& g = u["late"]["game"];
+      const uint32_t index = u.value("index", 0u);
+      stages[index].insert(g.value("stage", std::string()));
+      turns[index] = std::max(turns[index], g.value("turns", 0u));
+    }
+  }
+  const json after = sim.Task(true);
+  const json& v = after["verification"];
+  ASSERT_TRUE(v["late_games"].empty()) << v.dump();
+  // The tile witnesses came from the honest side of each game: the auditor's account for the
+  // liar's units, the honest solver's node for the false challenge; the liars post none.
+  EXPECT_EQ(sim.agent(*auditor_agent)->stats().tile_witnesses, liar_units.size());
+  EXPECT_EQ(sim.agent(1)->stats().tile_witnesses, 1u);
+  EXPECT_EQ(sim.agent(*false_agent)->stats().tile_witnesses, 0u);
+  EXPECT_EQ(sim.agent(0)->stats().tile_witnesses, 0u);
+
+  // Every game ruled by RefereeTile at a tile of step 2's first linear forward, the operator
+  // that reads the batch's examples, at the forged example's row (batch row 0).
+  Result<engine::TilePlan> planned = engine::PlanStepTiles(
+      task->spec.model, task->spec.optimizer, task->spec.batch_size, 0, task->spec.micro_batches);
+  ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  const engine::TilePlan& plan = *planned;
+  std::map<uint32_t, json> ruled;
+  for (const json& ru : v["rulings"]) {
+    const std::string challenger = ru.value("challenger", std::string());
+    if (challenger == auditor.ToHex() || challenger == false_key.public_key().ToHex()) {
+      ruled[ru.value("index", 0u)] = ru;
+    }
+  }
+  ASSERT_EQ(ruled.size(), late.size() + 1) << v["rulings"].dump();
+  for (const auto& [index, ru] : ruled) {
+    const bool liar_unit = liar_units.count(index) > 0;
+    EXPECT_EQ(liar_unit ? auditor.ToHex() : false_key.public_key().ToHex(),
+              ru.value("challenger", std::string()));
+    EXPECT_EQ(ru.value("tx", std::string()), "RefereeTile") << ru.dump();
+    EXPECT_EQ(ru.value("for", std::string()), liar_unit ? "challenger" : "defender") << ru.dump();
+    EXPECT_EQ(ru.value("step", uint64_t{0}), static_cast<uint64_t>(forged_step)) << ru.dump();
+    EXPECT_GT(ru.value("witness_bytes", uint64_t{0}), 0u);
+    EXPECT_LE(ru.value("witness_bytes", uint64_t{0}), ledger::kMaxTileWitnessBytes);
+    EXPECT_TRUE(stages[index].count("operators")) << "unit " << index << ": " << ru.dump();
+    EXPECT_TRUE(stages[index].count("tiles")) << "unit " << index << ": " << ru.dump();
+    const auto tile = RuledTile(ru);
+    ASSERT_TRUE(tile.has_value()) << "unit " << index << " not ruled at a tile: " << ru.dump();
+    const auto [op, tile_index] = *tile;
+    ASSERT_GE(op, 1u);
+    ASSERT_LE(op, plan.ops.size());
+    const engine::TileOp& o = plan.ops[op - 1];
+    EXPECT_EQ(o.kind, engine::TileOpKind::kTileOpLinear) << o.name;
+    EXPECT_EQ(o.x, engine::kTileOperandBatch) << o.name << ": not the operator reading examples";
+    Result<engine::TileFootprint> fp =
+        engine::Footprint(plan, static_cast<int64_t>(op - 1), static_cast<int64_t>(tile_index), 0);
+    ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+    ASSERT_FALSE(fp->batch_rows.empty()) << "the tile reads no examples";
+    EXPECT_EQ(fp->batch_rows.front(), 0) << "the forged example is batch row 0";
+    std::printf(
+        "[ late     ] unit %u (%s): %u turns, ruled by %s for the %s at tile %llu of operator %u "
+        "(%s, reading %zu examples), witness %llu bytes\n",
+        index, liar_unit ? "wrong_example" : "honest, false challenge", turns[index],
+        ru.value("tx", std::string()).c_str(), ru.value("for", std::string()).c_str(),
+        static_cast<unsigned long long>(tile_index), op, o.name.c_str(), fp->batch_rows.size(),
+        static_cast<unsigned long long>(ru.value("witness_bytes", uint64_t{0})));
+  }
+
+  // The liar lost every game: each unit proven, slashed and jailed, the auditor's bonds back with
+  // a bounty each (and, as the submitter, the pay clawed back); the false challenger lost its
+  // bond to the honest solver, which is never slashed.
+  const auto [proven, bounties, clawed] = ProvenBy(v, auditor);
+  EXPECT_EQ(proven, liar_units);
+  EXPECT_GT(bounties, 0u);
+  EXPECT_GT(testing::Slashes(sim, 0), 0u);
+  EXPECT_EQ(testing::Node(sim, 0).value("status", std::string()), "jailed");
+  EXPECT_EQ(after.value("final_state", std::string()), before.value("final_state", std::string()));
+  EXPECT_EQ(BalanceOf(sim, auditor), auditor_before + bounties + clawed);
+  EXPECT_EQ(BalanceOf(sim, sim.node_key(1).public_key()), solver_before + honest_cost);
+  EXPECT_EQ(BalanceOf(sim, false_key.public_key()), false_before - honest_cost);
   testing::ExpectNeverSlashed(sim, {1});
   EXPECT_TRUE(sim.Totals().Check().ok());
 }

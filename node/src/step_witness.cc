@@ -196,7 +196,8 @@ const engine::ClassificationData* EnsureDataProofs(const engine::TaskData& data,
 
 Result<TracedStep> TraceDisputedStep(engine::Trainer* trainer, std::span<const float> global,
                                      const UnitWork& work, int64_t step, const Hash256& input,
-                                     const DisputeStart& start) {
+                                     const DisputeStart& start,
+                                     const std::function<void(engine::Batch&)>& alter_batch) {
   if (step < 1 || step > work.inner_steps) {
     return InvalidArgument("traced step: step " + std::to_string(step) + " is outside 1.." +
                            std::to_string(work.inner_steps));
@@ -212,6 +213,7 @@ Result<TracedStep> TraceDisputedStep(engine::Trainer* trainer, std::span<const f
   out.trace = std::make_shared<engine::OpTrace>();
   out.trace->set_keep_values(true);
   out.batch = trainer->BatchForStep(st.step);
+  if (alter_batch) alter_batch(out.batch);
   st.model->set_op_trace(out.trace.get());
   engine::StepOnBatch(st, out.batch, engine::DropoutSeed(trainer->task().seed, work.stream),
                       nullptr, trainer->task().micro_batches);

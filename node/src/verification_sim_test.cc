@@ -312,7 +312,7 @@ TEST_P(CheatingSolverTest, IsCaughtSlashedAndNeverPaid) {
 INSTANTIATE_TEST_SUITE_P(EveryMode, CheatingSolverTest,
                          ::testing::Values(Adversary::kLazy, Adversary::kNoisy,
                                            Adversary::kWrongData, Adversary::kCopy,
-                                           Adversary::kStale),
+                                           Adversary::kStale, Adversary::kWrongExample),
                          [](const ::testing::TestParamInfo<Adversary>& p) {
                            return std::string(AdversaryName(p.param));
                          });

@@ -162,9 +162,10 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
     }
   }
   // At the referee with one tile: a party that is not cheating posts the tile's witness.
+  const Adversary adversary = node_->options().adversary;
   if (c.dispute && c.dispute->has_referee && c.dispute->referee.tile &&
-      (c.dispute->challenger == me ||
-       (c.dispute->defender == me && !CheatsAsSolver(node_->options().adversary)))) {
+      ((c.dispute->challenger == me && !LiesInDisputes(adversary, false)) ||
+       (c.dispute->defender == me && !LiesInDisputes(adversary, true)))) {
     const protocol::RefereeTask& t = c.dispute->referee;
     if (!outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute,
                                      {t.step, t.operator_index, t.tile_index, t.block}))) {
@@ -180,9 +181,8 @@ void Disputes::Play(const CheckAssignment& c, std::vector<VerifyJob>* urgent) {
                                   ledger::StageUnservedLeaf(c.dispute->referee.defender_output);
   if (c.dispute && c.dispute->has_referee && c.dispute->referee.whole_step &&
       !c.dispute->referee.segment &&
-      (c.dispute->challenger == me ||
-       (c.dispute->defender == me &&
-        (!CheatsAsSolver(node_->options().adversary) || unserved_claim))) &&
+      ((c.dispute->challenger == me && !LiesInDisputes(adversary, false)) ||
+       (c.dispute->defender == me && (!LiesInDisputes(adversary, true) || unserved_claim))) &&
       // Not again once sent or given up: building a witness replays the unit to the step.
       !outbox_->Done(WitnessAction(node_->VerifyDir(c), *c.dispute, {c.dispute->referee.step})) &&
       // (Only a claim that the stage served nothing has pieces: the dispute on the same step
@@ -453,9 +453,10 @@ Status Disputes::RunReplay(const CheckAssignment& c) {
   for (uint64_t s = d.first_step; s <= d.last_step; ++s) steps.push_back(static_cast<int64_t>(s));
   std::vector<Hash256> hashes;
   const Adversary adversary = node_->options().adversary;
-  if (defender && CheatsAsSolver(adversary)) {
+  if (LiesInDisputes(adversary, defender)) {
     // A cheating solver defends with its own states (adversary.h): its unit run again with a
-    // state hash after every step, so the game reaches the ledger, which rules against it.
+    // state hash after every step, so the game reaches the ledger, which rules against it (and a
+    // wrong_example challenger claims its forged run of the challenged unit the same way).
     UnitWork every = work;
     every.checkpoint_interval = 1;
     AdversaryInputs in;
@@ -557,17 +558,23 @@ Status Disputes::RunTrace(const CheckAssignment& c) {
   ML_ASSIGN_OR_RETURN(GlobalState start, node_->StartState(*ctx, c.task_id, c.start_state));
   const UnitWork work = protocol::UnitWorkOf(ctx->bundle.net, ctx->facts, c.round, c.shard);
   ML_ASSIGN_OR_RETURN(engine::Trainer * trainer, ctx->Trainer());
-  Result<TracedStep> traced = TraceDisputedStep(trainer, start.weights, work,
-                                                static_cast<int64_t>(step), input, StartOf(c));
-  if (!traced.ok()) return give_up(traced.status().message());
+  // A cheating party claims what its own run did (adversary.h): a lazy solver skipped the step,
+  // so its parameters after it are the ones before; a wrong_example party (either side) read the
+  // step's batch forged; the others have no trace to show.
   const Adversary adversary = node_->options().adversary;
-  if (d.defender == node_->id() && CheatsAsSolver(adversary)) {
-    // A cheating solver claims what its own run did (adversary.h): a lazy one skipped the step,
-    // so its parameters after it are the ones before; the others have no trace to show.
-    if (adversary != Adversary::kLazy) {
-      return give_up("the " + std::string(AdversaryName(adversary)) +
-                     " solver has no step to show");
-    }
+  const bool lies = LiesInDisputes(adversary, d.defender == node_->id());
+  if (lies && adversary != Adversary::kLazy && adversary != Adversary::kWrongExample) {
+    return give_up("the " + std::string(AdversaryName(adversary)) + " solver has no step to show");
+  }
+  std::function<void(engine::Batch&)> forge;
+  if (lies && adversary == Adversary::kWrongExample &&
+      static_cast<int64_t>(step) == ForgedExampleStep(work.inner_steps)) {
+    forge = ForgeExample;
+  }
+  Result<TracedStep> traced = TraceDisputedStep(
+      trainer, start.weights, work, static_cast<int64_t>(step), input, StartOf(c), forge);
+  if (!traced.ok()) return give_up(traced.status().message());
+  if (lies && adversary == Adversary::kLazy) {
     traced->trace =
         std::make_shared<engine::OpTrace>(SkippedUpdateTrace(entry.ctx.plan, *traced->trace));
   }

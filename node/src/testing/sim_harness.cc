@@ -129,7 +129,14 @@ Status SimHarness::MakeAgent(int i) {
   return agents_[i]->init_status();
 }
 
-Result<int> SimHarness::AddLateChallenger(const KeyPair& key) {
+Result<std::unique_ptr<TxSender>> SimHarness::SenderFor(const KeyPair& key) {
+  auto sender = std::make_unique<TxSender>(client_.get(), key);
+  ML_RETURN_IF_ERROR(sender->Init());
+  return sender;
+}
+
+Result<int> SimHarness::AddLateChallenger(const KeyPair& key,
+                                          std::function<void(AgentOptions&)> tweak) {
   const int i = static_cast<int>(agents_.size());
   const std::string name = "n" + std::to_string(i);
   net_->AddNode(name);
@@ -152,6 +159,7 @@ Result<int> SimHarness::AddLateChallenger(const KeyPair& key) {
       if (sink) sink(i, line);
     };
   }
+  if (tweak) tweak(o);
   agent_opts_.push_back(std::move(o));
   ML_RETURN_IF_ERROR(MakeAgent(i));
   return i;

@@ -161,8 +161,13 @@ class SimHarness {
   // Starts an agent for `key` that is an account, not a node (AgentOptions::late_challenger: it
   // registers nothing and plays the late games its key challenged), ticked by every Step from
   // now on like the nodes; returns its index (agent(i), store(i)). `key` must be funded (e.g.
-  // the submitter's) and send nothing else meanwhile: the agent keeps its own nonces.
-  Result<int> AddLateChallenger(const KeyPair& key);
+  // the submitter's) and send nothing else meanwhile: the agent keeps its own nonces. `tweak`
+  // changes its AgentOptions (e.g. an adversary mode that lies as a challenger, adversary.h).
+  Result<int> AddLateChallenger(const KeyPair& key,
+                                std::function<void(AgentOptions&)> tweak = nullptr);
+  // A transaction sender signing with another funded account's `key` (a second challenger), on
+  // the harness's ledger, initialised.
+  Result<std::unique_ptr<TxSender>> SenderFor(const KeyPair& key);
   // The submitter's key (funded at genesis).
   const KeyPair& submitter_key() const { return submitter_; }
   // The submitter's transaction sender (e.g. to cancel the task).

@@ -27,14 +27,27 @@
 //               of output class 0 (row 0 of the model's last weight matrix and element 0 of its
 //               last bias): a small nudge of the model toward one class, as a backdoor would.
 //
+// And one that lies in the forward pass of one step (issue 16):
+//   wrong_example  trains honestly, except that step max(1, H/2) reads its batch with one value
+//               of the first example changed (ForgeExample: its first input + 1; a token task's
+//               first token another), and commits what that step computed: the lie enters the
+//               step at the operator that reads the batch's examples (the first layer's forward;
+//               a GPT's embedding), and every state from that step on follows from it. In a
+//               dispute it claims the step as it computed it (its trace of the forged batch), so
+//               the game narrows to a tile of that operator, which the ledger recomputes from the
+//               examples proven against the task's data root (RefereeTile). It lies as a
+//               challenger too: a challenge it plays (a late challenger account's,
+//               AgentOptions::late_challenger) claims the same forged run of the challenged
+//               unit, a false challenge that loses at that tile.
+//
 // A cheating solver defends its units in a dispute: it answers every turn with its own states
 // (its unit run again with a state hash after every step), so the game narrows to one step and
 // the ledger executes that step (RefereeStep) and rules against it. In a dispute with the tile
 // phase a lazy solver goes on claiming what it did: the step's forward and backward pass as
 // anyone computes them from the agreed state, but its parameters after the step the ones before
 // it (SkippedUpdateTrace): the game narrows to a tile of the first updated parameter and the
-// ledger recomputes it (RefereeTile). Every other cheat has no step to show and stays silent (it
-// loses at the deadline).
+// ledger recomputes it (RefereeTile); a wrong_example solver claims its forged step (above). Every
+// other cheat has no step to show and stays silent (it loses at the deadline).
 //
 // A stage node of a pipeline task (issue 15) plays lazy, noisy, wrong_data and wrong_result on its
 // stage unit (node/stage_unit.h SetStageAdversary; docs/verification.md "Stage adversaries");
@@ -79,6 +92,8 @@ enum class Adversary : uint8_t {
   // perturbed state is the next step's state_before, not the previous step's state_after), so
   // every step replays clean and only the continuity check sees it. A whole unit: noisy.
   kDrift,
+  // One example of one step's batch forged (above): a lie in that step's forward pass.
+  kWrongExample,
 };
 
 // What `targeted` adds to each weight of output class 0.
@@ -93,11 +108,14 @@ int64_t PoisonAfterSteps(int64_t inner_steps);
 
 // Whether `a` cheats as a solver (every mode but kNone and the verifier mode kRubberStamp).
 bool CheatsAsSolver(Adversary a);
+// Whether a node of mode `a` claims its own (cheating) run in a dispute it plays as the defender
+// (every solver cheat: CheatsAsSolver) or as the challenger (kWrongExample only).
+bool LiesInDisputes(Adversary a, bool defender);
 // Whether `a` cheats as a verifier (kRubberStamp).
 bool CheatsAsVerifier(Adversary a);
 
 // "none", "lazy", "noisy", "wrong_data", "copy", "stale", "rubber_stamp", "wrong_result",
-// "noisy_last", "targeted", "drift".
+// "noisy_last", "targeted", "drift", "wrong_example".
 std::string_view AdversaryName(Adversary a);
 // "" and "none" -> kNone; an unknown name -> InvalidArgument naming the allowed values.
 Result<Adversary> ParseAdversary(std::string_view name);
@@ -128,6 +146,13 @@ struct AdversaryInputs {
 Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
                                      std::span<const float> global, const UnitWork& work,
                                      const UnitRunOptions& options, const AdversaryInputs& in);
+
+// wrong_example's lie, in place: the first value of the batch's first example + 1 (a token
+// batch: its first token 0, or 1 where it was 0).
+void ForgeExample(engine::Batch& batch);
+// The step (1-based: the step that ends at that state) whose batch wrong_example forges in a unit
+// of `inner_steps` steps: PoisonAfterSteps(inner_steps).
+int64_t ForgedExampleStep(int64_t inner_steps);
 
 // What a lazy solver that skipped a step claims in a tile dispute: `honest` (the step traced from
 // the agreed state, following `plan`) with every optimizer update's output replaced by the

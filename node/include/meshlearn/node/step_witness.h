@@ -97,7 +97,9 @@ const engine::ClassificationData* EnsureDataProofs(const engine::TaskData& data,
 // from (ledger::BuildTileWitness). The trainer is brought to the agreed state after step - 1
 // (`input`) as BuildStepWitness finds it (the unit's start, else the defender's checkpoint), then
 // runs the step as Trainer::Step does. InvalidArgument for a step outside 1..H;
-// FailedPrecondition when the agreed state cannot be reached. Moves the trainer.
+// FailedPrecondition when the agreed state cannot be reached. Moves the trainer. `alter_batch`
+// (testing's cheats only: a wrong_example party's ForgeExample, adversary.h) changes the step's
+// batch before it runs: the trace is of the step as that party computed it.
 struct TracedStep {
   int64_t step = 0;
   Hash256 input;   // the state hash after step - 1 (C_0)
@@ -107,7 +109,8 @@ struct TracedStep {
 };
 Result<TracedStep> TraceDisputedStep(engine::Trainer* trainer, std::span<const float> global,
                                      const UnitWork& work, int64_t step, const Hash256& input,
-                                     const DisputeStart& start = {});
+                                     const DisputeStart& start = {},
+                                     const std::function<void(engine::Batch&)>& alter_batch = {});
 
 // The state hash after step `step` that `witness` gives, computed as the ledger does: the state
 // rebuilt from witness.state (StateFromFlat with the unit's optimizer), checked to hash to
