@@ -3016,8 +3016,8 @@ TEST_F(CappedRewardTest, AVerifiersDisputeWinIsNeverMoreThanTheSolversSlashTook)
   // v1's wins: a whole slash for the first unit; for the second what the solver's slash took,
   // `left`, not a slash, though the jackpot held more (the stamps' slashes).
   const uint32_t bps = genesis_.params.slash_jackpot_bps;
-  const Amount pool_at_second_win = before.jackpot + BasisPoints(slash, bps) * 3 +
-                                    BasisPoints(left, bps) - slash;
+  const Amount pool_at_second_win =
+      before.jackpot + BasisPoints(slash, bps) * 3 + BasisPoints(left, bps) - slash;
   EXPECT_GT(pool_at_second_win, left);
   EXPECT_EQ(Node(v1_).earnings.jackpot, slash + left);
   EXPECT_EQ(Task().verification.jackpot_paid, slash + left);
