@@ -235,27 +235,36 @@ uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t ind
 Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& task_id);
 
 // What keeps node `node`'s matured unbonding entries from being withdrawn at `height` (Withdraw;
-// docs/ledger.md, "Unbonding"): a unit the node solved whose check is open on an open task -- not
-// settled, or settled in a round not yet final, which a whistleblower may still challenge
-// (ChallengeUnit) -- or a late game (LateChallenge) the node defends. A slash there takes the
-// node's unbonding entries as well as its stake (TakeBondedStake), so Withdraw keeps an entry
-// until every such check on a unit committed by the time the entry matured is over (Holds).
-// Units committed later do not hold it: they were assigned against the stake left bonded (a
-// solver's stake must cover a unit's slash when it is assigned), so a solver that keeps working
-// after an Unstake still gets the unstaked part once its earlier checks end. Returns the open
-// check of the earliest commit (a late game first), which holds the most entries; nullopt: none.
+// docs/ledger.md, "Unbonding"): a slash there takes the node's unbonding entries as well as its
+// stake (TakeBondedStake), so Withdraw keeps an entry while a check that can still slash the node
+// for a unit holds it (Holds). On an open task, in a round not yet final:
+//   - a unit the node was assigned and has not committed yet (nor let expire): it holds the
+//     entries unbonded since its assignment, which it was assigned against (a solver's stake must
+//     cover a unit's slash when it is assigned), until it is committed and its check is over;
+//   - a unit the node solved whose check is open -- not settled, or settled in a round not yet
+//     final, which a whistleblower may still challenge (ChallengeUnit): as above, and also the
+//     entries that matured after its commit;
+//   - a unit whose check drew the node as a verifier (a rubber stamp or a false mismatch is
+//     slashed by a dispute, a whistleblower's win or a ProveMerits until the round is final): the
+//     entries that matured after the unit's commit (the draw is the block after it);
+// and on any task, a late game (LateChallenge) the node defends: every entry.
+// Entries unbonded before a unit was assigned and matured before its commit are not held by it:
+// the unit was assigned against the stake left bonded, so a solver that keeps working after an
+// Unstake still gets the unstaked part once its earlier checks end. Returns the hold that keeps
+// the most entries (the least holds_from; a late game first); nullopt: none.
 struct StakeHold {
   Hash256 task_id;
   uint32_t index = 0;  // the unit under check
   uint32_t round = 0;
-  uint64_t committed_height = 0;  // the unit's commit (0 for a late game's: long final)
-  std::string why;  // "its check is disputed; the stake is released once ...", for messages
+  std::string part;  // the node's part in the unit, for messages: "solved", "was drawn to verify"
+  std::string why;   // "its check is disputed; the stake is released once ...", for messages
   uint64_t retry_height = 0;  // the earliest height at which the hold can have ended
-  // Whether this check holds an entry that matured at `release_height`.
-  bool Holds(uint64_t release_height) const { return committed_height <= release_height; }
+  uint64_t holds_from = 0;    // the least release height of an entry it holds (0 for a late game)
+  // Whether this hold keeps an entry that matured at `release_height`.
+  bool Holds(uint64_t release_height) const { return release_height >= holds_from; }
 };
-std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& node,
-                                       uint64_t height);
+std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& p,
+                                       const PublicKey& node, uint64_t height);
 // Commit, then prove (proof_commits.cc; CommitProofTx). The bounty of a proof whose witness id
 // is `witness_id`, executed in the block at `height`: the prover of the earliest commitment to
 // it made at least one block before (ties: `sender`, the proof's own prover, if among them, else

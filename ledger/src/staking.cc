@@ -146,7 +146,7 @@ Status ExecuteWithdraw(ExecContext& ctx, const WithdrawTx&) {
   std::map<PublicKey, std::optional<StakeHold>> holds;
   auto held = [&](const Unbonding& u) -> const StakeHold* {
     auto [it, added] = holds.try_emplace(u.node_id);
-    if (added) it->second = OpenCheckHold(ctx.state, u.node_id, ctx.height);
+    if (added) it->second = OpenCheckHold(ctx.state, ctx.params(), u.node_id, ctx.height);
     return it->second && it->second->Holds(u.release_height) ? &*it->second : nullptr;
   };
   Amount released = 0, kept = 0;
@@ -167,8 +167,8 @@ Status ExecuteWithdraw(ExecContext& ctx, const WithdrawTx&) {
       const StakeHold& h = *held(*first_kept);
       return FailedPrecondition(
           "withdraw: " + std::to_string(kept) + " matured but stays slashable: node " +
-          first_kept->node_id.ShortHex() + " solved unit " + std::to_string(h.index) + " of task " +
-          h.task_id.ShortHex() + " and " + h.why + ": retry at height " +
+          first_kept->node_id.ShortHex() + " " + h.part + " unit " + std::to_string(h.index) +
+          " of task " + h.task_id.ShortHex() + " and " + h.why + ": retry at height " +
           std::to_string(h.retry_height) + " or later");
     }
     if (next_release == UINT64_MAX) return FailedPrecondition("withdraw: nothing is unbonding");

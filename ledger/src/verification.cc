@@ -2262,9 +2262,12 @@ Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const H
   return Status::Ok();
 }
 
-std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& node,
-                                       uint64_t height) {
-  std::optional<StakeHold> earliest;
+std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& p,
+                                       const PublicKey& node, uint64_t height) {
+  std::optional<StakeHold> least;
+  auto keep = [&](StakeHold h) {
+    if (!least || h.holds_from < least->holds_from) least = std::move(h);
+  };
   for (const auto& [id, t] : s.tasks.rows()) {
     for (uint32_t index : t.verification.late_games) {
       const WorkUnit* u = s.units.Find({id, index});
@@ -2275,11 +2278,12 @@ std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& no
       return StakeHold{.task_id = id,
                        .index = index,
                        .round = u->round,
-                       .committed_height = 0,
+                       .part = "solved",
                        .why =
                            "a late dispute on it (LateChallenge) is open; the stake is "
                            "released once the game is ruled",
-                       .retry_height = std::max(height, game->query().deadline_height) + 1};
+                       .retry_height = std::max(height, game->query().deadline_height) + 1,
+                       .holds_from = 0};
     }
     if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
     Result<protocol::RoundStateMachine> m = LoadMachine(t);
@@ -2288,10 +2292,38 @@ std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& no
     for (uint32_t index = m->final_rounds() * per_round; index < (m->round() + 1) * per_round;
          ++index) {
       const WorkUnit* u = s.units.Find({id, index});
-      if (u == nullptr || u->check.empty() || !m->Unfinal(u->round)) continue;
+      if (u == nullptr || !m->Unfinal(u->round)) continue;
+      const std::string released = "round " + std::to_string(u->round) + " is final";
+      // Entries unbonded at or after the unit's assignment (release_height = unbonding height
+      // + the delay) were bonded when it was assigned.
+      const protocol::Assignment* a = m->AssignmentOf(u->round, u->shard);
+      const bool solver = a != nullptr && a->node == node;
+      const uint64_t since_assigned =
+          solver && a->assigned_height <= UINT64_MAX - p.unbonding_delay_blocks
+              ? a->assigned_height + p.unbonding_delay_blocks
+              : UINT64_MAX;
+      if (u->check.empty()) {
+        if (!solver || u->status != WorkUnitStatus::kAssigned) continue;
+        keep(StakeHold{.task_id = id,
+                       .index = index,
+                       .round = u->round,
+                       .part = "was assigned",
+                       .why = "has not committed it (deadline height " +
+                              std::to_string(a->deadline_height) +
+                              "); the stake is released once it is committed, its check has "
+                              "settled and " +
+                              released + ", or the assignment expires",
+                       .retry_height = std::max(height, a->deadline_height) + 1,
+                       .holds_from = since_assigned});
+        continue;
+      }
       Result<UnitCheck> c = LoadCheck(*u);
-      if (!c.ok() || c->config().solver != node) continue;
-      if (earliest && earliest->committed_height <= c->config().commit_height) continue;
+      if (!c.ok()) continue;
+      const std::vector<protocol::NodeId>& drawn = c->verifiers();
+      const bool verifier = std::find(drawn.begin(), drawn.end(), node) != drawn.end();
+      if (c->config().solver != node && !verifier) continue;
+      const uint64_t holds_from = std::min(c->config().commit_height, since_assigned);
+      if (least && least->holds_from <= holds_from) continue;
       // The end of the window the check is in now: a lower bound on when it can be over (a
       // dispute's next turns, a merits window and the round's finality may come after it).
       uint64_t end = height;
@@ -2307,17 +2339,17 @@ std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const PublicKey& no
                                   " in round " + std::to_string(u->round) +
                                   ", which is not final: a whistleblower may still challenge it"
                             : "its check is " + std::string(protocol::CheckStageName(c->stage()));
-      why += "; the stake is released once the check has settled and round " +
-             std::to_string(u->round) + " is final";
-      earliest = StakeHold{.task_id = id,
-                           .index = index,
-                           .round = u->round,
-                           .committed_height = c->config().commit_height,
-                           .why = std::move(why),
-                           .retry_height = end + 1};
+      why += "; the stake is released once the check has settled and " + released;
+      keep(StakeHold{.task_id = id,
+                     .index = index,
+                     .round = u->round,
+                     .part = verifier ? "was drawn to verify" : "solved",
+                     .why = std::move(why),
+                     .retry_height = end + 1,
+                     .holds_from = holds_from});
     }
   }
-  return earliest;
+  return least;
 }
 
 Status ExecuteRuleDispute(ExecContext& ctx, const RuleDisputeTx& tx) {

@@ -330,26 +330,42 @@ class VerificationTest : public FollowedChainFixture {
   // reaches the referee.
   void PlayDispute(uint32_t index, std::function<Hash256(uint64_t)> defender,
                    std::function<Hash256(uint64_t)> challenger) {
+    auto of = [](std::function<Hash256(uint64_t)> f) -> std::function<Hash256(uint32_t, uint64_t)> {
+      if (!f) return nullptr;
+      return [f](uint32_t, uint64_t step) { return f(step); };
+    };
+    PlayDisputes({index}, of(std::move(defender)), of(std::move(challenger)));
+  }
+  // PlayDispute for the disputes on several units at once, a turn of each in the same block (the
+  // functions are given the unit and the step): games opened in one block are ruled in one.
+  void PlayDisputes(const std::vector<uint32_t>& indices,
+                    std::function<Hash256(uint32_t, uint64_t)> defender,
+                    std::function<Hash256(uint32_t, uint64_t)> challenger) {
     for (int turn = 0; turn < 20; ++turn) {
-      if (!HasCheck(index)) return;
-      const UnitCheck c = Check(index);
-      if (c.stage() != CheckStage::kCheckDisputed) return;
-      const protocol::DisputeGame& g = *c.dispute();
-      if (g.stage() != protocol::DisputeStage::kDisputeSteps) return;
-      const uint64_t pos = g.query().position;
       std::vector<Transaction> txs;
-      if (defender) {
-        txs.push_back(N(Key(g.config().defender),
-                        DisputePostTx{.task_id = task_id_, .index = index,
-                                      .node_id = g.config().defender, .position = pos,
-                                      .hash = defender(pos)}));
+      bool playing = false;
+      for (uint32_t index : indices) {
+        if (!HasCheck(index)) continue;
+        const UnitCheck c = Check(index);
+        if (c.stage() != CheckStage::kCheckDisputed) continue;
+        const protocol::DisputeGame& g = *c.dispute();
+        if (g.stage() != protocol::DisputeStage::kDisputeSteps) continue;
+        playing = true;
+        const uint64_t pos = g.query().position;
+        if (defender) {
+          txs.push_back(N(Key(g.config().defender),
+                          DisputePostTx{.task_id = task_id_, .index = index,
+                                        .node_id = g.config().defender, .position = pos,
+                                        .hash = defender(index, pos)}));
+        }
+        if (challenger) {
+          txs.push_back(N(Key(g.config().challenger),
+                          DisputePostTx{.task_id = task_id_, .index = index,
+                                        .node_id = g.config().challenger, .position = pos,
+                                        .hash = challenger(index, pos)}));
+        }
       }
-      if (challenger) {
-        txs.push_back(N(Key(g.config().challenger),
-                        DisputePostTx{.task_id = task_id_, .index = index,
-                                      .node_id = g.config().challenger, .position = pos,
-                                      .hash = challenger(pos)}));
-      }
+      if (!playing) return;
       StepOk(txs);
       if (!defender || !challenger) Steps(genesis_.params.dispute_response_blocks + 1);
     }
@@ -2937,57 +2953,76 @@ TEST_F(VerificationTest, AWinBySilenceAlonePaysOnlyWhatTheSolversSlashPutInTheJa
 
 // A verifier that wins a dispute against the solver is rewarded from the jackpot, which every
 // slash fills. Until 2026-12-06 the reward was one whole slash whatever the solver's slash took: a
-// solver whose stake was spent (here unstaked and withdrawn after its unit was assigned, keeping
-// only the minimum) lost the dispute to a verifier in league with it, and the pair took out of
-// the jackpot what a rubber stamp's slash had put in. The reward is now what this event's slash
-// of the solver took, as a whistleblower's bounty is: the ledger never pays a win more than the
-// loser's slash brought in.
+// solver whose stake was spent lost the dispute to a verifier in league with it, and the pair took
+// out of the jackpot what a rubber stamp's slash had put in. The reward is now what this event's
+// slash of the solver took, as a whistleblower's bounty is: the ledger never pays a win more than
+// the loser's slash brought in. Here the solver's stake is spent by the slash of its other unit,
+// ruled in the same block (until 2026-12-06 this test spent it by unstaking and withdrawing after
+// the assignment, which the stake hold now refuses: StakeHoldTest).
 class CappedRewardTest : public VerificationTest {
  protected:
-  CappedRewardTest() {
-    genesis_.params.verifiers_per_unit = 2;
-    genesis_.params.unbonding_delay_blocks = 1;  // the solver withdraws at once
-    genesis_.params.audit_window_blocks = 1;
-  }
+  CappedRewardTest() { genesis_.params.verifiers_per_unit = 2; }
 };
 
 TEST_F(CappedRewardTest, AVerifiersDisputeWinIsNeverMoreThanTheSolversSlashTook) {
-  Start(/*verifiers=*/2);
-  const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
-  ASSERT_GE(lazy, 0);
-  ASSERT_GE(honest, 0);
-  // Once assigned, the solver keeps only the minimum stake of its role: what its slash can take.
+  // s1 solves both units alone (no s2), staked for one slash and `left` more: a solver is given a
+  // unit while its stake covers that unit's slash, whatever else it holds.
+  const Amount slash = kSlashMultiple * kTestUnitCost;
   const Amount left = genesis_.params.min_stake_solver;
-  StepOk({N(s1_, UnstakeTx{.node_id = s1_.public_key(), .amount = kStake - left})});
-  StepOk({Q(alice_, WithdrawTx{})});
-  ASSERT_EQ(Node(s1_).stake, left);
-  ASSERT_TRUE(chain_->GetAccount(alice_.public_key())->unbonding.empty());
-  CommitAll({{lazy, true}, {honest, false}});
+  ASSERT_LT(left, slash);
+  RegisterNodeTx s1 = Reg(s1_, kRoleSolver);
+  s1.stake = slash + left;
+  StepOk({N(s1_, s1), N(agg_, Reg(agg_, kRoleAggregator)), N(v1_, Reg(v1_, kRoleVerifier)),
+          N(v2_, Reg(v2_, kRoleVerifier))});
+  StepOk({SubmitTask()});
+  std::vector<uint32_t> units;
+  for (const WorkUnit& u : chain_->ListWorkUnits(task_id_)) {
+    if (u.assignee == s1_.public_key() && u.status == WorkUnitStatus::kAssigned) {
+      units.push_back(u.index);
+    }
+  }
+  ASSERT_EQ(units.size(), 2u);
+  CommitAll({{units[0], true}, {units[1], true}});
   Aggregate();
-  ASSERT_EQ(Check(lazy).verifiers().size(), 2u);
-  // v1 catches the lazy unit, v2 stamps it clean; both call the honest one clean.
-  Sealed caught = Mismatch(lazy, 0, /*solver_lazy=*/true, TrueState(lazy, 2));
-  Sealed stamp = Clean(), ok1 = Clean(), ok2 = Clean();
-  StepOk({SealTx(v1_, lazy, caught), SealTx(v2_, lazy, stamp), SealTx(v1_, honest, ok1),
-          SealTx(v2_, honest, ok2)});
-  StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, lazy, caught), RevealTx(v2_, lazy, stamp), RevealTx(v1_, honest, ok1),
-          RevealTx(v2_, honest, ok2), SecretTx(lazy), SecretTx(honest)});
-  StepUntil(lazy, CheckStage::kCheckDisputed);
+  // v1 catches both lazy units, v2 stamps both clean.
+  std::vector<Sealed> caught, stamp;
+  std::vector<Transaction> txs;
+  for (uint32_t u : units) {
+    ASSERT_EQ(Check(u).verifiers().size(), 2u);
+    caught.push_back(Mismatch(u, 0, /*solver_lazy=*/true, TrueState(u, 2)));
+    stamp.push_back(Clean());
+    txs.push_back(SealTx(v1_, u, caught.back()));
+    txs.push_back(SealTx(v2_, u, stamp.back()));
+  }
+  StepOk(txs);
+  StepUntil(units[0], CheckStage::kCheckRevealVerdicts);
+  txs.clear();
+  for (size_t i = 0; i < units.size(); ++i) {
+    txs.push_back(RevealTx(v1_, units[i], caught[i]));
+    txs.push_back(RevealTx(v2_, units[i], stamp[i]));
+    txs.push_back(SecretTx(units[i]));
+  }
+  StepOk(txs);
+  StepUntil(units[0], CheckStage::kCheckDisputed);
+  ASSERT_EQ(Check(units[1]).stage(), CheckStage::kCheckDisputed);
   const Totals before = chain_->GetTotals();
   const Amount carol_before = Balance(carol_);
-  PlayDispute(lazy, nullptr, [&](uint64_t s) { return TrueState(lazy, s); });
+  // s1 is silent in both games, ruled in one block: the first unit's slash takes a whole slash,
+  // the second's what is left.
+  PlayDisputes(units, nullptr, [](uint32_t u, uint64_t s) { return TrueState(u, s); });
   ASSERT_TRUE(Rerunning());
-  const Amount slash = kSlashMultiple * kTestUnitCost;
-  EXPECT_EQ(Node(s1_).earnings.slashed, left);   // all it had
-  EXPECT_EQ(Node(v2_).earnings.slashed, slash);  // the stamp: a whole slash, into the pools
-  ASSERT_LT(left, slash);
-  // v1's win: what the solver's slash took, not a slash (the jackpot held more: the stamp's).
+  EXPECT_EQ(Node(s1_).earnings.slashed, slash + left);  // all it had
+  EXPECT_EQ(Node(v2_).earnings.slashed, 2 * slash);     // the stamps: whole slashes, into the pools
+  // v1's wins: a whole slash for the first unit; for the second what the solver's slash took,
+  // `left`, not a slash, though the jackpot held more (the stamps' slashes).
+  const uint32_t bps = genesis_.params.slash_jackpot_bps;
+  const Amount pool_at_second_win =
+      before.jackpot + BasisPoints(slash, bps) * 3 + BasisPoints(left, bps) - slash;
+  EXPECT_GT(pool_at_second_win, left);
+  EXPECT_EQ(Node(v1_).earnings.jackpot, slash + left);
+  EXPECT_EQ(Task().verification.jackpot_paid, slash + left);
+  EXPECT_GE(Balance(carol_), carol_before + slash + left);  // and its replays' pay, net of the cut
   const Totals after = chain_->GetTotals();
-  EXPECT_GT(before.jackpot + BasisPoints(left + slash, genesis_.params.slash_jackpot_bps), left);
-  EXPECT_EQ(Node(v1_).earnings.jackpot, left);
-  EXPECT_EQ(Task().verification.jackpot_paid, left);
-  EXPECT_GE(Balance(carol_), carol_before + left);  // and its replay's pay, net of the cut
   EXPECT_TRUE(after.Check().ok());
   EXPECT_EQ(after.minted, before.minted);
   ExpectEarningsAddUpToTheTask();
@@ -3121,6 +3156,113 @@ TEST_F(StakeHoldTest, AnUnstakedEntryIsHeldUntilItsUnitsRoundIsFinal) {
   StepOk({Q(alice_, WithdrawTx{})});
   EXPECT_EQ(Balance(alice_), before + part);
   EXPECT_TRUE(chain_->GetTotals().Check().ok());
+}
+
+// An entry unbonded after a unit was assigned is held from the assignment on, before the unit is
+// committed (where its deadline is longer than the unbonding delay: here one block against four)
+// and after (the entry matured before the commit): the unit was assigned against that stake, and
+// its slash must still reach it. Once the check has settled and the round is final, it is released.
+TEST_F(StakeHoldTest, AnEntryUnstakedAfterTheAssignmentIsHeldUntilTheUnitsCheckIsOver) {
+  Start();
+  const int u1 = UnitOf(s1_), u2 = UnitOf(s2_);
+  ASSERT_GE(u1, 0);
+  ASSERT_GE(u2, 0);
+  const Totals start = chain_->GetTotals();
+  const Amount part = kStake - genesis_.params.min_stake_solver;
+  StepOk({N(s1_, UnstakeTx{.node_id = s1_.public_key(), .amount = part})});
+  std::vector<Receipt> r = Step({Q(alice_, WithdrawTx{})});
+  ASSERT_EQ(UnbondingOf(alice_).size(), 1u);
+  ASSERT_LE(UnbondingOf(alice_)[0].release_height, chain_->Height());  // matured
+  ASSERT_EQ(Unit(u1).status, WorkUnitStatus::kAssigned);               // not committed yet
+  EXPECT_FALSE(r[0].ok) << "withdrawn before the unit it was assigned against is committed";
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r[0].reason.find("was assigned unit " + std::to_string(u1) + " of task"),
+            std::string::npos)
+      << r[0].reason;
+  EXPECT_NE(r[0].reason.find("retry at height"), std::string::npos) << r[0].reason;
+  CommitAll({{u1, false}, {u2, false}});
+  Aggregate();  // and the beacon
+  Sealed a = Clean(), b = Clean();
+  r = Step({SealTx(v1_, u1, a), SealTx(v1_, u2, b), Q(alice_, WithdrawTx{})});
+  ASSERT_TRUE(r[0].ok && r[1].ok) << r[0].reason << r[1].reason;
+  EXPECT_FALSE(r[2].ok) << "withdrawn while the unit is checked";
+  EXPECT_NE(r[2].reason.find("solved unit " + std::to_string(u1) + " of task"), std::string::npos)
+      << r[2].reason;
+  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
+  StepUntilDone(u1);
+  StepUntilDone(u2);
+  for (int u : {u1, u2}) ASSERT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
+  ASSERT_TRUE(Machine().Unfinal(0));
+  r = Step({Q(alice_, WithdrawTx{})});
+  ASSERT_FALSE(r[0].ok) << "withdrawn while a whistleblower may still challenge the unit";
+  EXPECT_NE(r[0].reason.find("whistleblower"), std::string::npos) << r[0].reason;
+  FinishTask();
+  const Amount before = Balance(alice_);
+  StepOk({Q(alice_, WithdrawTx{})});
+  EXPECT_EQ(Balance(alice_), before + part);
+  EXPECT_TRUE(UnbondingOf(alice_).empty());
+  const Totals end = chain_->GetTotals();
+  EXPECT_TRUE(end.Check().ok()) << end.Check().ToString();
+  EXPECT_EQ(end.minted, start.minted);
+}
+
+// A verifier's stake stays slashable while a check it was drawn to can still slash it (a rubber
+// stamp, or a false mismatch, is slashed when a dispute, a whistleblower or ProveMerits proves it,
+// until the round is final). v2, drawn to check s1's lazy unit with v1, unstakes down to its
+// role's minimum; the matured entry is refused, naming the unit; v2 stamps the unit clean, v1
+// catches it, and the ruling slashes v2 a whole slash, which reaches the entry. Once the check is
+// gone (the round re-runs), the rest is withdrawn. Every token stays accounted for.
+class VerifierStakeHoldTest : public StakeHoldTest {
+ protected:
+  VerifierStakeHoldTest() { genesis_.params.verifiers_per_unit = 2; }
+};
+
+TEST_F(VerifierStakeHoldTest, ADrawnVerifierCannotWithdrawUntilTheCheckIsOverAndIsSlashedByIt) {
+  Start(/*verifiers=*/2);
+  const int lazy = UnitOf(s1_), honest = UnitOf(s2_);
+  ASSERT_GE(lazy, 0);
+  ASSERT_GE(honest, 0);
+  const Totals start = chain_->GetTotals();
+  CommitAll({{lazy, true}, {honest, false}});
+  Aggregate();  // and the beacon: both verifiers drawn to both units
+  ASSERT_EQ(Check(lazy).verifiers().size(), 2u);
+  const Amount part = kStake - genesis_.params.min_stake_verifier;
+  StepOk({N(v2_, UnstakeTx{.node_id = v2_.public_key(), .amount = part})});
+  ASSERT_EQ(UnbondingOf(dave_).size(), 1u);
+  const uint64_t matured = UnbondingOf(dave_)[0].release_height;
+  Sealed caught = Mismatch(lazy, 0, /*solver_lazy=*/true, TrueState(lazy, 2));
+  Sealed stamp = Clean(), ok1 = Clean(), ok2 = Clean();
+  std::vector<Receipt> r =
+      Step({SealTx(v1_, lazy, caught), SealTx(v2_, lazy, stamp), SealTx(v1_, honest, ok1),
+            SealTx(v2_, honest, ok2), Q(dave_, WithdrawTx{})});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(r[i].ok) << r[i].reason;
+  ASSERT_LE(matured, chain_->Height());
+  EXPECT_FALSE(r[4].ok) << "a drawn verifier's unbonding stake withdrawn while it is checking";
+  EXPECT_EQ(r[4].code, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r[4].reason.find("was drawn to verify unit "), std::string::npos) << r[4].reason;
+  EXPECT_NE(r[4].reason.find("retry at height"), std::string::npos) << r[4].reason;
+  EXPECT_EQ(UnbondingOf(dave_).size(), 1u);
+  StepUntil(lazy, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, lazy, caught), RevealTx(v2_, lazy, stamp), RevealTx(v1_, honest, ok1),
+          RevealTx(v2_, honest, ok2), SecretTx(lazy), SecretTx(honest)});
+  StepUntil(lazy, CheckStage::kCheckDisputed);
+  r = Step({Q(dave_, WithdrawTx{})});
+  EXPECT_FALSE(r[0].ok) << "withdrawn while the unit it stamped is disputed";
+  PlayDispute(lazy, nullptr, [&](uint64_t s) { return TrueState(lazy, s); });
+  ASSERT_TRUE(Rerunning());
+  const Amount slash = kSlashMultiple * kTestUnitCost;
+  ASSERT_GT(slash, genesis_.params.min_stake_verifier);  // more than the stake left bonded
+  EXPECT_EQ(Node(v2_).earnings.slashed, slash);  // a whole slash, from the unbonding entry too
+  EXPECT_EQ(Node(v2_).stake + UnbondingOf(dave_)[0].amount, kStake - slash);
+  // The check went with the round's re-run: nothing holds the rest.
+  const Amount dave_before = Balance(dave_), rest = UnbondingOf(dave_)[0].amount;
+  StepOk({Q(dave_, WithdrawTx{})});
+  EXPECT_EQ(Balance(dave_), dave_before + rest);
+  EXPECT_TRUE(UnbondingOf(dave_).empty());
+  const Totals end = chain_->GetTotals();
+  EXPECT_TRUE(end.Check().ok()) << end.Check().ToString();
+  EXPECT_EQ(end.minted, start.minted);
 }
 
 TEST_F(VerificationTest, ASolverThatNeverRevealsLosesTheUnitWithoutASlash) {

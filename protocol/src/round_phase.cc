@@ -152,6 +152,19 @@ std::vector<Assignment> RoundStateMachine::OpenAssignments() const {
   return out;
 }
 
+const Assignment* RoundStateMachine::AssignmentOf(uint32_t round, uint32_t shard) const {
+  if (!Unfinal(round)) return nullptr;
+  const std::vector<Unit>* units = &units_;
+  if (round < round_) {
+    const auto it = std::find_if(settling_.begin(), settling_.end(),
+                                 [&](const Settling& s) { return s.round == round; });
+    if (it == settling_.end()) return nullptr;
+    units = &it->units;
+  }
+  if (shard >= units->size() || (*units)[shard].state == UnitState::kPending) return nullptr;
+  return &(*units)[shard].assignment;
+}
+
 NodeId RoundStateMachine::LastExcluded(uint32_t shard) const {
   if (shard >= units_.size() || units_[shard].excluded.empty()) return NodeId{};
   return units_[shard].excluded.back();

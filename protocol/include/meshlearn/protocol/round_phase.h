@@ -133,6 +133,11 @@ class RoundStateMachine {
   Status BackOff(const UnitId& unit);
   // Assignments of the current round not yet committed, sorted by unit.
   std::vector<Assignment> OpenAssignments() const;
+  // The assignment of unit `shard` of round `round` while the round is unfinal (Unfinal) and the
+  // unit assigned or committed in it; nullptr otherwise (pending, expired, re-run, final). Its
+  // assigned_height is when its solver took it on: the ledger keeps the solver's stake unbonded
+  // after that slashable until the unit's check is over (ledger::OpenCheckHold).
+  const Assignment* AssignmentOf(uint32_t round, uint32_t shard) const;
   // Committed units of the current round, sorted by unit (what the aggregator fetches).
   std::vector<CommittedUnit> CommittedUnits() const;
   // The last node excluded from unit `shard` of the current round (a zero NodeId: none, or
