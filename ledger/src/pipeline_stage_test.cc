@@ -85,6 +85,19 @@ class PipelineStageTest : public FollowedChainFixture {
                           .stake = 100};
   }
 
+  // Registers every node (Reg), n1 declaring `n1_disk` bytes of disk and n2 `n2_disk`, the
+  // others none (0: not checked), in one block.
+  void RegisterWithDisks(uint64_t n1_disk, uint64_t n2_disk) {
+    std::vector<Transaction> regs;
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      RegisterNodeTx reg = Reg(i);
+      if (i == 0) reg.capabilities.disk_bytes = n1_disk;
+      if (i == 1) reg.capabilities.disk_bytes = n2_disk;
+      regs.push_back(Q(alice_, reg));
+    }
+    for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  }
+
   // Registers the first `count` nodes (all owned by alice) and submits `p` from bob; the
   // submit's receipt.
   Receipt Start(const TaskParams& p, size_t count = 7, Amount budget = kBudget) {
@@ -648,14 +661,8 @@ TEST_F(PipelineStageTest, AStageGoesOnlyToANodeWhoseDeclaredDiskHoldsItsFiles) {
   p.units_per_round = kStages;  // one replica
   const uint64_t stage2_disk = protocol::StageDiskBytes(p.stage_memory_bytes[2], p.inner_steps);
   ASSERT_EQ(stage2_disk, 5 * kGiB * p.inner_steps);
-  std::vector<Transaction> regs;
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    RegisterNodeTx reg = Reg(i);
-    if (i == 0) reg.capabilities.disk_bytes = stage2_disk;               // just enough
-    if (i == 1) reg.capabilities.disk_bytes = 4 * kGiB * p.inner_steps;  // too little
-    regs.push_back(Q(alice_, reg));
-  }
-  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_NO_FATAL_FAILURE(RegisterWithDisks(/*n1: just enough*/ stage2_disk,
+                                            /*n2: too little*/ 4 * kGiB * p.inner_steps));
   EXPECT_EQ(chain_->GetNode(nodes_[0].public_key())->capabilities.disk_bytes, stage2_disk);
   EXPECT_EQ(chain_->GetNode(nodes_[2].public_key())->capabilities.disk_bytes, 0u);
   ASSERT_TRUE(Submit(p).ok);
@@ -678,14 +685,7 @@ TEST_F(PipelineStageTest, ANodeHoldingAStageUnitGetsNoSecondItsDiskCannotHoldToo
   p.units_per_round = kStages;  // one replica
   p.rounds = 1;
   const uint64_t stage2_disk = protocol::StageDiskBytes(p.stage_memory_bytes[2], p.inner_steps);
-  std::vector<Transaction> regs;
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    RegisterNodeTx reg = Reg(i);
-    if (i == 0) reg.capabilities.disk_bytes = 2 * stage2_disk - 1;
-    if (i == 1) reg.capabilities.disk_bytes = 4 * kGiB * p.inner_steps;
-    regs.push_back(Q(alice_, reg));
-  }
-  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_NO_FATAL_FAILURE(RegisterWithDisks(2 * stage2_disk - 1, 4 * kGiB * p.inner_steps));
   ASSERT_TRUE(Submit(p).ok);
   const Hash256 a = task_id_;
   ASSERT_EQ(Unit(0, 0, 2).assignee, nodes_[0].public_key());
@@ -732,14 +732,7 @@ TEST_F(PipelineStageTest, ARoundFinalInThisBlockNoLongerCountsAgainstTheNextRoun
   TaskParams p = PipelineParams();
   p.units_per_round = kStages;  // one replica, two rounds
   const uint64_t stage2_disk = protocol::StageDiskBytes(p.stage_memory_bytes[2], p.inner_steps);
-  std::vector<Transaction> regs;
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    RegisterNodeTx reg = Reg(i);
-    if (i == 0) reg.capabilities.disk_bytes = 2 * stage2_disk - 1;
-    if (i == 1) reg.capabilities.disk_bytes = 4 * kGiB * p.inner_steps;
-    regs.push_back(Q(alice_, reg));
-  }
-  for (const Receipt& r : Step(regs)) ASSERT_TRUE(r.ok) << r.reason;
+  ASSERT_NO_FATAL_FAILURE(RegisterWithDisks(2 * stage2_disk - 1, 4 * kGiB * p.inner_steps));
   ASSERT_TRUE(Submit(p).ok);
   ASSERT_EQ(Unit(0, 0, 2).assignee, nodes_[0].public_key());
   std::vector<Transaction> txs;

@@ -3077,6 +3077,25 @@ class StakeHoldTest : public VerificationTest {
   std::vector<Unbonding> UnbondingOf(const KeyPair& k) {
     return chain_->GetAccount(k.public_key())->unbonding;
   }
+  // v1 reveals its clean verdicts `a` and `b` on units u1 and u2 (sealed already), both checks
+  // settle clean; alice's Withdraw is refused while round 0 is not final (a whistleblower may
+  // still challenge) and pays out `part` once the task is finished.
+  void RevealCleanThenWithdrawOnceFinal(int u1, int u2, const Sealed& a, const Sealed& b,
+                                        Amount part) {
+    StepUntil(u1, CheckStage::kCheckRevealVerdicts);
+    StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
+    StepUntilDone(u1);
+    StepUntilDone(u2);
+    for (int u : {u1, u2}) ASSERT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
+    ASSERT_TRUE(Machine().Unfinal(0));
+    std::vector<Receipt> r = Step({Q(alice_, WithdrawTx{})});
+    ASSERT_FALSE(r[0].ok) << "withdrawn while a whistleblower may still challenge the unit";
+    EXPECT_NE(r[0].reason.find("whistleblower"), std::string::npos) << r[0].reason;
+    FinishTask();
+    const Amount before = Balance(alice_);
+    StepOk({Q(alice_, WithdrawTx{})});
+    EXPECT_EQ(Balance(alice_), before + part);
+  }
 };
 
 TEST_F(StakeHoldTest, ASolverThatLeavesCannotWithdrawUntilItsCheckIsOverAndIsSlashedByIt) {
@@ -3142,19 +3161,7 @@ TEST_F(StakeHoldTest, AnUnstakedEntryIsHeldUntilItsUnitsRoundIsFinal) {
   std::vector<Receipt> r = Step({Q(alice_, WithdrawTx{})});  // matured
   ASSERT_FALSE(r[0].ok);
   EXPECT_NE(r[0].reason.find("unit " + std::to_string(u1)), std::string::npos) << r[0].reason;
-  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
-  StepUntilDone(u1);
-  StepUntilDone(u2);
-  for (int u : {u1, u2}) ASSERT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
-  ASSERT_TRUE(Machine().Unfinal(0));
-  r = Step({Q(alice_, WithdrawTx{})});
-  ASSERT_FALSE(r[0].ok) << "withdrawn while a whistleblower may still challenge the unit";
-  EXPECT_NE(r[0].reason.find("whistleblower"), std::string::npos) << r[0].reason;
-  FinishTask();
-  const Amount before = Balance(alice_);
-  StepOk({Q(alice_, WithdrawTx{})});
-  EXPECT_EQ(Balance(alice_), before + part);
+  ASSERT_NO_FATAL_FAILURE(RevealCleanThenWithdrawOnceFinal(u1, u2, a, b, part));
   EXPECT_TRUE(chain_->GetTotals().Check().ok());
 }
 
@@ -3188,19 +3195,7 @@ TEST_F(StakeHoldTest, AnEntryUnstakedAfterTheAssignmentIsHeldUntilTheUnitsCheckI
   EXPECT_FALSE(r[2].ok) << "withdrawn while the unit is checked";
   EXPECT_NE(r[2].reason.find("solved unit " + std::to_string(u1) + " of task"), std::string::npos)
       << r[2].reason;
-  StepUntil(u1, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, u1, a), RevealTx(v1_, u2, b), SecretTx(u1), SecretTx(u2)});
-  StepUntilDone(u1);
-  StepUntilDone(u2);
-  for (int u : {u1, u2}) ASSERT_EQ(Check(u).result(), CheckResult::kCheckClean) << u;
-  ASSERT_TRUE(Machine().Unfinal(0));
-  r = Step({Q(alice_, WithdrawTx{})});
-  ASSERT_FALSE(r[0].ok) << "withdrawn while a whistleblower may still challenge the unit";
-  EXPECT_NE(r[0].reason.find("whistleblower"), std::string::npos) << r[0].reason;
-  FinishTask();
-  const Amount before = Balance(alice_);
-  StepOk({Q(alice_, WithdrawTx{})});
-  EXPECT_EQ(Balance(alice_), before + part);
+  ASSERT_NO_FATAL_FAILURE(RevealCleanThenWithdrawOnceFinal(u1, u2, a, b, part));
   EXPECT_TRUE(UnbondingOf(alice_).empty());
   const Totals end = chain_->GetTotals();
   EXPECT_TRUE(end.Check().ok()) << end.Check().ToString();

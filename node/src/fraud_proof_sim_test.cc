@@ -31,6 +31,24 @@ using testing::SimHarness;
 using testing::SimOptions;
 using testing::VerifyFixture;
 
+// The indices of the units of `task` (get_task with units) that `node` (hex key) solved and was
+// paid for, and the first such unit's record (null when none).
+std::set<uint32_t> PaidUnitsOf(const json& task, const std::string& node) {
+  std::set<uint32_t> out;
+  for (const json& u : task["units"]) {
+    if (u.value("paid", uint64_t{0}) != 0 && u.value("assignee", std::string()) == node) {
+      out.insert(u.value("index", 0u));
+    }
+  }
+  return out;
+}
+const json* FirstPaidUnitOf(const json& task, const std::string& node) {
+  for (const json& u : task["units"]) {
+    if (u.value("paid", uint64_t{0}) != 0 && u.value("assignee", std::string()) == node) return &u;
+  }
+  return nullptr;
+}
+
 constexpr uint32_t kFraudH = 8, kFraudK = 2;  // 4 segments a unit: a check replays one
 
 // A network that ran a task to its end with node 0 a noisy poisoner under economic assurance.
@@ -68,14 +86,7 @@ struct PoisonedRun {
   // The poisoner's units paid in the final record.
   std::set<uint32_t> PaidPoisonedUnits() { return PaidUnitsOf(Poisoner()); }
   std::set<uint32_t> PaidUnitsOf(const std::string& node) {
-    std::set<uint32_t> out;
-    const json task = sim->Task(true);  // kept: the loop reads into it
-    for (const json& u : task["units"]) {
-      if (u.value("assignee", std::string()) == node && u.value("paid", uint64_t{0}) > 0) {
-        out.insert(u.value("index", 0u));
-      }
-    }
-    return out;
+    return meshlearn::node::PaidUnitsOf(sim->Task(true), node);
   }
 };
 
@@ -462,13 +473,8 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
   const json before = sim.Task(true);
   const std::string lazy = sim.node_key(0).public_key().ToHex();
   const std::string honest_node = sim.node_key(1).public_key().ToHex();
-  std::set<uint32_t> lazy_units;
-  const json* honest = nullptr;
-  for (const json& u : before["units"]) {
-    if (u.value("paid", uint64_t{0}) == 0) continue;
-    if (u.value("assignee", std::string()) == lazy) lazy_units.insert(u.value("index", 0u));
-    if (u.value("assignee", std::string()) == honest_node && honest == nullptr) honest = &u;
-  }
+  const std::set<uint32_t> lazy_units = PaidUnitsOf(before, lazy);
+  const json* honest = FirstPaidUnitOf(before, honest_node);
   ASSERT_FALSE(lazy_units.empty());
   ASSERT_NE(honest, nullptr);
   const uint64_t audit_end = before.value("audit_window_end", uint64_t{0});
@@ -681,13 +687,8 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
   const json before = sim.Task(true);
   const std::string liar = sim.node_key(0).public_key().ToHex();
   const std::string honest_node = sim.node_key(1).public_key().ToHex();
-  std::set<uint32_t> liar_units;
-  const json* honest = nullptr;
-  for (const json& u : before["units"]) {
-    if (u.value("paid", uint64_t{0}) == 0) continue;
-    if (u.value("assignee", std::string()) == liar) liar_units.insert(u.value("index", 0u));
-    if (u.value("assignee", std::string()) == honest_node && honest == nullptr) honest = &u;
-  }
+  const std::set<uint32_t> liar_units = PaidUnitsOf(before, liar);
+  const json* honest = FirstPaidUnitOf(before, honest_node);
   ASSERT_FALSE(liar_units.empty());
   ASSERT_NE(honest, nullptr);
   const uint64_t audit_end = before.value("audit_window_end", uint64_t{0});
