@@ -126,9 +126,7 @@ RecipeRun TrainWritingRecipe(Trainer& trainer, int64_t steps, const std::string&
   r.val_loss = trainer.Evaluate().loss;
   r.state_hash = StateHash(trainer.state()).ShortHex();
   const int64_t n = EvalWindowCount(task, d);
-  std::vector<int64_t> starts(static_cast<size_t>(n));
-  for (int64_t w = 0; w < n; ++w) starts[static_cast<size_t>(w)] = w * T;
-  const Batch val = MakeTokenBatch(d.val_tokens, starts, T);
+  const Batch val = EvalWindows(task, d, 0, n);
   SafetensorsWriter w;
   w.AddI32("batch_tokens", {S, B, T}, tokens.data());
   w.AddI32("batch_targets", {S, B, T}, targets.data());

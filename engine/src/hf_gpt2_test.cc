@@ -360,9 +360,7 @@ TEST(HfGpt2CheckTest, PyTorchReproducesTheLossAndLogits) {
   const EvalResult ev = Evaluate(m, task, d);
   const int64_t T = task.seq_len;
   const int64_t n = EvalWindowCount(task, d);
-  std::vector<int64_t> starts(n);
-  for (int64_t w = 0; w < n; ++w) starts[w] = w * T;
-  Batch windows = MakeTokenBatch(d.val_tokens, starts, T);
+  Batch windows = EvalWindows(task, d, 0, n);
   ASSERT_EQ(ev.samples, n * T);
   Batch prompt = MakeTokenBatch(d.val_tokens, {7}, 40);
   m.Forward(prompt, ForwardOptions{});

@@ -476,9 +476,7 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data) {
   const int64_t n_windows = EvalWindowCount(task, data);
   for (int64_t w0 = 0; w0 < n_windows; w0 += B) {
     const int64_t n = std::min(B, n_windows - w0);
-    std::vector<int64_t> starts(n);
-    for (int64_t j = 0; j < n; ++j) starts[j] = (w0 + j) * T;
-    Batch b = MakeTokenBatch(data.val_tokens, starts, T);
+    Batch b = EvalWindows(task, data, w0, n);
     float loss = model.Forward(b, ForwardOptions{});
     loss_sum += static_cast<double>(loss) * static_cast<double>(n * T);
     r.samples += n * T;
@@ -490,6 +488,12 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data) {
 int64_t EvalWindowCount(const TaskSpec& task, const TaskData& data) {
   return std::min<int64_t>((static_cast<int64_t>(data.val_tokens.tokens.size()) - 1) / task.seq_len,
                            task.eval_batches * task.batch_size);
+}
+
+Batch EvalWindows(const TaskSpec& task, const TaskData& data, int64_t first, int64_t count) {
+  std::vector<int64_t> starts(static_cast<size_t>(count));
+  for (int64_t j = 0; j < count; ++j) starts[static_cast<size_t>(j)] = (first + j) * task.seq_len;
+  return MakeTokenBatch(data.val_tokens, starts, task.seq_len);
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(Env* env, TaskSpec task) {

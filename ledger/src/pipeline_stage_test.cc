@@ -85,6 +85,18 @@ class PipelineStageTest : public FollowedChainFixture {
                           .stake = 100};
   }
 
+  // The drawn aggregator of task_id_'s current round commits `state` for `round`.
+  void CommitAggregate(uint32_t round, std::string_view state) {
+    const RoundStateMachine m = Machine();
+    ASSERT_TRUE(m.aggregator().has_value());
+    for (const Receipt& x : Step({Q(alice_, CommitAggregateTx{.task_id = task_id_,
+                                            .round = round,
+                                            .node_id = m.aggregator()->node,
+                                            .state_hash = Blake2b(state)})})) {
+      ASSERT_TRUE(x.ok) << x.reason;
+    }
+  }
+
   // Registers every node (Reg), n1 declaring `n1_disk` bytes of disk and n2 `n2_disk`, the
   // others none (0: not checked), in one block.
   void RegisterWithDisks(uint64_t n1_disk, uint64_t n2_disk) {
@@ -705,14 +717,7 @@ TEST_F(PipelineStageTest, ANodeHoldingAStageUnitGetsNoSecondItsDiskCannotHoldToo
   // A's round is aggregated and final (A finishes): n1's files of it no longer count, and B gets
   // n1.
   task_id_ = a;
-  const RoundStateMachine m = Machine();
-  ASSERT_TRUE(m.aggregator().has_value());
-  for (const Receipt& x : Step({Q(alice_, CommitAggregateTx{.task_id = a,
-                                          .round = 0,
-                                          .node_id = m.aggregator()->node,
-                                          .state_hash = Blake2b("A's state")})})) {
-    ASSERT_TRUE(x.ok) << x.reason;
-  }
+  ASSERT_NO_FATAL_FAILURE(CommitAggregate(0, "A's state"));
   EXPECT_EQ(Task().rounds_settled, 1u);
   // The end of a block steps the tasks in id order: B's came before A's, which settled the round,
   // so B saw n1's files of it still counted. The next block places it.
@@ -738,14 +743,7 @@ TEST_F(PipelineStageTest, ARoundFinalInThisBlockNoLongerCountsAgainstTheNextRoun
   std::vector<Transaction> txs;
   for (uint32_t s = 0; s < kStages; ++s) txs.push_back(Q(alice_, Commit(0, 0, s)));
   for (const Receipt& x : Step(txs)) ASSERT_TRUE(x.ok) << x.reason;
-  const RoundStateMachine m = Machine();
-  ASSERT_TRUE(m.aggregator().has_value());
-  for (const Receipt& x : Step({Q(alice_, CommitAggregateTx{.task_id = task_id_,
-                                          .round = 0,
-                                          .node_id = m.aggregator()->node,
-                                          .state_hash = Blake2b("state 1")})})) {
-    ASSERT_TRUE(x.ok) << x.reason;
-  }
+  ASSERT_NO_FATAL_FAILURE(CommitAggregate(0, "state 1"));
   EXPECT_EQ(Task().rounds_settled, 1u);
   EXPECT_EQ(Unit(1, 0, 2).status, WorkUnitStatus::kAssigned);
   EXPECT_EQ(Unit(1, 0, 2).assignee, nodes_[0].public_key());

@@ -465,6 +465,20 @@ void SendInOneBlock(SimHarness& sim,
   ASSERT_TRUE(sent.empty()) << "every LateChallenge lands in the next block";
 }
 
+// Each open late game's stage (step, operator, tiles) and its turns so far, from the task's
+// record in this block: what the wide late-game tests tally per unit while the games run.
+void TallyLateGames(SimHarness& sim, std::map<uint32_t, std::set<std::string>>* stages,
+                    std::map<uint32_t, uint32_t>* turns) {
+  const json task = sim.Task(true);  // kept: the loop reads into it
+  for (const json& u : task["units"]) {
+    if (!u.contains("late") || !u["late"]["game"].contains("stage")) continue;
+    const json& g = u["late"]["game"];
+    const uint32_t index = u.value("index", 0u);
+    (*stages)[index].insert(g.value("stage", std::string()));
+    (*turns)[index] = std::max((*turns)[index], g.value("turns", 0u));
+  }
+}
+
 TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByTheLedger) {
   constexpr uint64_t kSeed = 3;
   WideRun run(kSeed, Adversary::kLazy);
@@ -571,14 +585,7 @@ TEST(FraudProofSimTest, OverTheWitnessBoundALateGameIsPlayedToATileAndRuledByThe
             << " while a late game on its unit is open";
       }
     }
-    const json task = sim.Task(true);  // kept: the loop reads into it
-    for (const json& u : task["units"]) {
-      if (!u.contains("late") || !u["late"]["game"].contains("stage")) continue;
-      const json& g = u["late"]["game"];
-      const uint32_t index = u.value("index", 0u);
-      stages[index].insert(g.value("stage", std::string()));
-      turns[index] = std::max(turns[index], g.value("turns", 0u));
-    }
+    TallyLateGames(sim, &stages, &turns);
   }
   const json after = sim.Task(true);
   const json& v = after["verification"];
@@ -775,14 +782,7 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
   std::map<uint32_t, uint32_t> turns;
   for (int b = 0; b < 600 && !sim.Task(false)["verification"]["late_games"].empty(); ++b) {
     ASSERT_TRUE(sim.Step().ok());
-    const json t = sim.Task(true);  // kept: the loop reads into it
-    for (const json& u : t["units"]) {
-      if (!u.contains("late") || !u["late"]["game"].contains("stage")) continue;
-      const json& g = u["late"]["game"];
-      const uint32_t index = u.value("index", 0u);
-      stages[index].insert(g.value("stage", std::string()));
-      turns[index] = std::max(turns[index], g.value("turns", 0u));
-    }
+    TallyLateGames(sim, &stages, &turns);
   }
   const json after = sim.Task(true);
   const json& v = after["verification"];

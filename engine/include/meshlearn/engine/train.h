@@ -145,6 +145,8 @@ EvalResult Evaluate(Model& model, const TaskSpec& task, const TaskData& data);
 // windows of seq_len tokens from the start of the validation split (window w starts at token
 // w x seq_len), at most eval_batches x batch_size of them.
 int64_t EvalWindowCount(const TaskSpec& task, const TaskData& data);
+// Validation windows [first, first + count) of a token task, as Evaluate reads them.
+Batch EvalWindows(const TaskSpec& task, const TaskData& data, int64_t first, int64_t count);
 
 // Sets every parameter of `model` from `params`, concatenated in model order (the layout of
 // weights and deltas on the wire). InvalidArgument when the size is not the model's.
