@@ -582,10 +582,14 @@ Batch Trainer::BatchForStep(int64_t step) { return stream_->BatchForStep(step); 
 
 float Trainer::Step() {
   Batch b = BatchForStep(state_.step);
-  const float loss = StepOnBatch(state_, b, DropoutSeed(task_.seed, task_.stream), &last_grad_norm_,
-                                 task_.micro_batches);
+  const float loss = StepOn(b);
   stream_->Recycle(std::move(b));
   return loss;
+}
+
+float Trainer::StepOn(const Batch& batch) {
+  return StepOnBatch(state_, batch, DropoutSeed(task_.seed, task_.stream), &last_grad_norm_,
+                     task_.micro_batches);
 }
 
 std::vector<float> Trainer::FlatParams() const {

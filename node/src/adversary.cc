@@ -6,7 +6,6 @@
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
-#include "meshlearn/engine/step_replay.h"
 #include "meshlearn/protocol/aggregate.h"
 
 namespace meshlearn::node {
@@ -88,12 +87,9 @@ Result<UnitOutcome> CheatRun(engine::Trainer* trainer, std::span<const float> gl
     if (skip_odd && s % 2 == 1) {
       st.step = s + 1;  // pretend
     } else if (s + 1 == forge_step) {
-      // Trainer::Step on the forged batch.
       engine::Batch batch = trainer->BatchForStep(st.step);
       ForgeExample(batch);
-      last_loss = engine::StepOnBatch(
-          st, batch, engine::DropoutSeed(trainer->task().seed, trainer->task().stream), nullptr,
-          trainer->task().micro_batches);
+      last_loss = trainer->StepOn(batch);
     } else {
       last_loss = trainer->Step();
     }

@@ -191,6 +191,9 @@ class Trainer {
 
   // One optimizer step on the batch of step state().step; returns the batch loss.
   float Step();
+  // The same step on `batch` instead (an adversary's forged batch; the task's dropout seed and
+  // micro-batches as Step).
+  float StepOn(const Batch& batch);
   EvalResult Evaluate() { return engine::Evaluate(*state_.model, task_, *data_); }
 
   TrainState& state() { return state_; }
