@@ -511,7 +511,10 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
     return on.size() == kept_stages.size();
   };
   if (kill) {
-    // It cannot finish the step: it is killed before any neighbour answers it.
+    // It cannot finish the step: its network is cut before it is let go, so no neighbour's
+    // answer reaches it (released first, stage 2's gradient could come back and stage 1's reach
+    // stage 0 before the kill: stage 0 would finish step 1 on the old chain and train it again).
+    sim.Cut(lost);
     release(/*others=*/!how.verifying);
     sim.Kill(lost);
     if (how.deadline_first) {

@@ -410,11 +410,15 @@ Status SimHarness::RestartLedger(bool power_cut) {
   return OpenLedger();
 }
 
-void SimHarness::Kill(int i) {
-  // In http mode the node's server stops first: no request reaches an agent being destroyed.
+void SimHarness::Cut(int i) {
   if (i < static_cast<int>(servers_.size()) && servers_[i]) servers_[i]->Stop();
-  agents_[i].reset();
   net_->Kill("n" + std::to_string(i));
+}
+
+void SimHarness::Kill(int i) {
+  // Cut first: no request reaches an agent being destroyed.
+  Cut(i);
+  agents_[i].reset();
 }
 
 Status SimHarness::Restart(int i, std::function<void(AgentOptions&)> tweak) {

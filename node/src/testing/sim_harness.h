@@ -148,6 +148,11 @@ class SimHarness {
   // One block and one Tick of every live agent.
   Status Step();
 
+  // The node's network goes -- its server stops, the simulated net drops its messages -- while its
+  // process runs on: what other nodes see of a kill -9. Kill(i) cuts it first. A test that holds
+  // one of the node's threads cuts it, lets the thread go and then kills it: the thread's last
+  // send may leave, but no answer reaches the node (a Kill alone waits for that thread).
+  void Cut(int i);
   void Kill(int i);
   Status Restart(int i, std::function<void(AgentOptions&)> tweak = nullptr);
   bool alive(int i) const { return agents_[i] != nullptr; }
