@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "meshlearn/base/env.h"
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
@@ -12,6 +14,7 @@
 #include "testing/diloco_task.h"
 #include "testing/sim_harness.h"
 #include "testing/synthetic_task.h"
+#include "testing/token_task.h"
 
 namespace meshlearn::node {
 namespace {
@@ -302,6 +305,76 @@ TEST(AdversaryAgentTest, CheatingNodesCommitWellFormedUnits) {
   }
   EXPECT_TRUE(copied) << task.dump();
   EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+// The token form of the lie (a GPT, testing::WriteTinyGptTask): ForgeExample swaps the batch's
+// first token for another token of the vocabulary, leaving the targets (the labels the loss
+// reads) as they were; the forged step's state differs from the honest one, and the first
+// operator of its trace that differs is `encoded`, the embedding lookup that reads the tokens:
+// the operator a dispute over it ends at (VerificationSimTest.AForgedTokenIsCaughtAtTheEmbedding
+// TileOfItsRow plays it live, FraudProofSimTest.ATokenLieIsPlayedLateToTheEmbeddingTileOfItsRow
+// late).
+TEST_F(AdversaryTest, WrongExampleSwapsATokenOfTheVocabularyThatTheEmbeddingReads) {
+  MemEnv env;
+  Result<std::string> toml = testing::WriteTinyGptTask(&env, "/gpt", 5, 1, 1, kWork.inner_steps,
+                                                       kWork.checkpoint_interval);
+  ASSERT_TRUE(toml.ok()) << toml.status().ToString();
+  ASSERT_TRUE(env.WriteFileAtomic("/gpt/task.toml", *toml).ok());
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Load(&env, "/gpt/task.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<std::unique_ptr<engine::Trainer>> created = engine::Trainer::Create(&env, *spec);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  engine::Trainer* gpt = created->get();
+  const engine::TaskSpec& t = gpt->task();
+  ASSERT_TRUE(gpt->data().tokens);
+  const int64_t vocab = t.model.gpt.vocab_size;
+  ASSERT_GE(vocab, 2);
+
+  // Every step's batch: the first token swapped for another one of the vocabulary, nothing else.
+  for (int64_t step = 0; step < 8; ++step) {
+    const engine::Batch honest = gpt->BatchForStep(step);
+    engine::Batch forged = gpt->BatchForStep(step);
+    ForgeExample(forged);
+    ASSERT_EQ(forged.tokens.size(), honest.tokens.size());
+    EXPECT_NE(forged.tokens[0], honest.tokens[0]) << "step " << step;
+    EXPECT_GE(forged.tokens[0], 0) << "step " << step;
+    EXPECT_LT(forged.tokens[0], vocab) << "step " << step << ": out of the vocabulary";
+    EXPECT_TRUE(
+        std::equal(forged.tokens.begin() + 1, forged.tokens.end(), honest.tokens.begin() + 1));
+    EXPECT_EQ(forged.targets, honest.targets) << "step " << step;
+  }
+
+  std::vector<float> global = gpt->FlatParams();
+  UnitWork every = kWork;
+  every.checkpoint_interval = 1;
+  Result<UnitOutcome> honest = RunAdversaryUnit(Adversary::kNone, gpt, global, every, {}, {});
+  Result<UnitOutcome> lie = RunAdversaryUnit(Adversary::kWrongExample, gpt, global, every, {}, {});
+  ASSERT_TRUE(honest.ok() && lie.ok());
+  const int64_t forged = ForgedExampleStep(kWork.inner_steps);
+  for (int64_t s = 0; s <= kWork.inner_steps; ++s) {
+    EXPECT_EQ(lie->state_hashes[s] == honest->state_hashes[s], s < forged)
+        << "state after step " << s;
+  }
+  const Hash256 agreed = honest->state_hashes[forged - 1];
+  Result<TracedStep> forged_trace =
+      TraceDisputedStep(gpt, global, kWork, forged, agreed, {}, ForgeExample);
+  ASSERT_TRUE(forged_trace.ok()) << forged_trace.status().ToString();
+  Result<TracedStep> truth = TraceDisputedStep(gpt, global, kWork, forged, agreed);
+  ASSERT_TRUE(truth.ok()) << truth.status().ToString();
+  EXPECT_EQ(forged_trace->output, lie->state_hashes[forged]);
+  EXPECT_EQ(truth->output, honest->state_hashes[forged]);
+  ASSERT_EQ(forged_trace->trace->size(), truth->trace->size());
+  size_t first = 0;
+  while (first < truth->trace->size() &&
+         forged_trace->trace->hash(first) == truth->trace->hash(first)) {
+    ++first;
+  }
+  ASSERT_LT(first, truth->trace->size()) << "the forged step's trace is the honest one";
+  Result<engine::TilePlan> plan =
+      engine::PlanStepTiles(t.model, t.optimizer, t.batch_size, t.seq_len, t.micro_batches);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->ops.at(first).name, "encoded");
+  EXPECT_EQ(plan->ops.at(first).kind, engine::TileOpKind::kTileOpEmbedding);
 }
 
 }  // namespace

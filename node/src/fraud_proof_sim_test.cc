@@ -10,9 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
-#include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <utility>
@@ -21,6 +20,7 @@
 #include "meshlearn/node/pin_book.h"
 #include "meshlearn/node/task_audit.h"
 #include "meshlearn/node/task_bundle.h"
+#include "testing/token_task.h"
 #include "testing/verification_sim.h"
 
 namespace meshlearn::node {
@@ -375,14 +375,20 @@ constexpr int64_t kWideDim = 256, kWideHidden = 5120;
 // which cheats as `cheat`, is paid for every unit; no forced errors (one would unmask the rubber
 // stamps). The nodes let a finished task's blobs go as soon as its audit window closes: the late
 // games must keep them.
+// `write_task` writes another task's data in the run's env and returns its TOML (the token form
+// of the forward-pass lie below runs a GPT).
+Result<std::string> WriteWideMlpTask(Env* env, uint64_t seed) {
+  return testing::WriteSyntheticTask(env, "/data", seed, 480, 160, kWideDim, /*classes=*/4,
+                                     /*rounds=*/2, /*units=*/2, /*H=*/4, /*k=*/2, "mean",
+                                     kWideHidden);
+}
 struct WideRun {
   MemEnv env;
   std::string toml;
   std::unique_ptr<SimHarness> sim;
-  WideRun(uint64_t seed, Adversary cheat) {
-    Result<std::string> t = testing::WriteSyntheticTask(
-        &env, "/data", seed, 480, 160, kWideDim, /*classes=*/4,
-        /*rounds=*/2, /*units=*/2, /*H=*/4, /*k=*/2, "mean", kWideHidden);
+  WideRun(uint64_t seed, Adversary cheat,
+          const std::function<Result<std::string>(Env*, uint64_t)>& write_task = WriteWideMlpTask) {
+    Result<std::string> t = write_task(&env, seed);
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     if (!t.ok()) return;
     toml = *t;
@@ -417,18 +423,20 @@ struct WideRun {
 // The full audit of the wide MLP's finished task `before`, at the real witness bound: each unit
 // it fails has a segment witness over kMaxWitnessBytes, so its fraud proof is a LateChallenge,
 // which must carry the bundle (the tile phase: MismatchNeedsBundle). Returns them; the largest
-// witness in `*witness_bytes`.
-std::vector<ledger::LateChallengeTx> WideAuditLateChallenges(SimHarness& sim, const json& before,
-                                                             uint64_t* witness_bytes) {
+// witness in `*witness_bytes`. (`bound`: another task's audit at a lower bound, which its
+// witnesses must be over.)
+std::vector<ledger::LateChallengeTx> WideAuditLateChallenges(
+    SimHarness& sim, const json& before, uint64_t* witness_bytes,
+    uint64_t bound = ledger::kMaxWitnessBytes) {
   const BlobGetter get = AllNodeBlobs(&sim, 4);
   std::vector<ledger::LateChallengeTx> late;
   AuditOptions ao{.full = true, .work_dir = "/audit"};
   ao.on_fraud = [&](const AuditUnit& u, const BuiltSegmentWitness& w) -> json {
-    Result<FraudProofSend> f = FraudProofFor(before, u, w, get);
+    Result<FraudProofSend> f = FraudProofFor(before, u, w, get, bound);
     EXPECT_TRUE(f.ok()) << f.status().ToString();
     if (!f.ok()) return {{"error", f.status().message()}};
     EXPECT_TRUE(f->late) << "unit " << u.index << ": a witness of " << f->witness_bytes << " bytes";
-    EXPECT_GT(f->witness_bytes, ledger::kMaxWitnessBytes);
+    EXPECT_GT(f->witness_bytes, bound);
     *witness_bytes = std::max(*witness_bytes, f->witness_bytes);
     if (!f->late) return {{"error", "not late"}};
     late.push_back(std::get<ledger::LateChallengeTx>(f->tx));
@@ -663,33 +671,10 @@ std::unique_ptr<WideTask> LoadWideTask(WideRun& run) {
   return t;
 }
 
-// The operator and tile a RefereeTile ruling's reason names ("referee recomputed tile T of
-// operator J of step S: ..."): {J, T}, or nothing.
-std::optional<std::pair<uint32_t, uint64_t>> RuledTile(const json& ruling) {
-  static const std::regex kTile(R"(referee recomputed tile (\d+) of operator (\d+) of step \d+)");
-  std::smatch m;
-  const std::string reason = ruling.value("reason", std::string());
-  if (!std::regex_search(reason, m, kTile)) return std::nullopt;
-  return std::make_pair(static_cast<uint32_t>(std::stoul(m[2])), std::stoull(m[1]));
-}
-
-// A lie in a step's forward pass, played late to a tile that reads the batch's examples (issue
-// 16): on the wide MLP (above; every first segment's witness over 8 MiB), node 0 is a
-// wrong_example solver: each of its units reads step 2's batch with its first example's first
-// value + 1 (ForgeExample) and commits what the step computed from it; the rubber stamps pass
-// it and it is paid. After the audit window the audit challenges each of its units late, at the
-// real witness bound, with the bundle; and a second account, itself a wrong_example challenger
-// (AgentOptions::adversary on a late challenger), challenges an honest unit of node 1 with the
-// end a forged run of that unit reaches: the same lie told of honest work. Every game narrows to
-// step 2, to the operator whose output first differs, the first layer's forward (the one that
-// reads the examples), and to the tile of the forged example's row, and the ledger rules it
-// (RefereeTile, no key) from the examples proven against the task's data root: the liar slashed
-// and jailed, its units proven, the auditor's bonds back with a bounty each; the false
-// challenger's bond pays the honest solver the unit's cost.
-TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) {
-  constexpr uint64_t kSeed = 3;
-  WideRun run(kSeed, Adversary::kWrongExample);
-  ASSERT_FALSE(::testing::Test::HasFailure());
+// The games of a forward-pass lie played late, on `run` (node 0 a wrong_example solver its rubber
+// stamps paid), the audit at witness bound `bound`: every game ends at a tile of `reader`, the
+// operator that reads the batch's examples (or tokens), at the forged example's row.
+void PlayForwardPassLieLate(WideRun& run, uint64_t bound, engine::TileOpKind reader) {
   SimHarness& sim = *run.sim;
   const json before = sim.Task(true);
   const std::string liar = sim.node_key(0).public_key().ToHex();
@@ -708,7 +693,7 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
   // The audit's challenges: one for each of the liar's units, of its first segment (steps 1-2).
   uint64_t witness_bytes = 0;
   const std::vector<ledger::LateChallengeTx> late =
-      WideAuditLateChallenges(sim, before, &witness_bytes);
+      WideAuditLateChallenges(sim, before, &witness_bytes, bound);
   std::set<uint32_t> challenged;
   for (const ledger::LateChallengeTx& tx : late) {
     challenged.insert(tx.index);
@@ -717,7 +702,7 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
   ASSERT_EQ(challenged, liar_units) << "the audit names exactly the liar's units";
   std::printf("[ late     ] %zu wrong_example units, segment witness %llu bytes (bound %llu)\n",
               liar_units.size(), static_cast<unsigned long long>(witness_bytes),
-              static_cast<unsigned long long>(ledger::kMaxWitnessBytes));
+              static_cast<unsigned long long>(bound));
 
   // The false challenge: the honest unit's first segment claimed to end where a wrong_example run
   // of it ends (its round's start state, step 2's batch forged).
@@ -796,8 +781,9 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
 
   // Every game ruled by RefereeTile at a tile of step 2's first linear forward, the operator
   // that reads the batch's examples, at the forged example's row (batch row 0).
+  const engine::TaskSpec& spec = task->trainer->task();  // (a GPT's vocabulary from its data)
   Result<engine::TilePlan> planned = engine::PlanStepTiles(
-      task->spec.model, task->spec.optimizer, task->spec.batch_size, 0, task->spec.micro_batches);
+      spec.model, spec.optimizer, spec.batch_size, spec.seq_len, spec.micro_batches);
   ASSERT_TRUE(planned.ok()) << planned.status().ToString();
   const engine::TilePlan& plan = *planned;
   std::map<uint32_t, json> ruled;
@@ -819,14 +805,18 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
     EXPECT_LE(ru.value("witness_bytes", uint64_t{0}), ledger::kMaxTileWitnessBytes);
     EXPECT_TRUE(stages[index].count("operators")) << "unit " << index << ": " << ru.dump();
     EXPECT_TRUE(stages[index].count("tiles")) << "unit " << index << ": " << ru.dump();
-    const auto tile = RuledTile(ru);
+    const auto tile = testing::RuledTile(ru);
     ASSERT_TRUE(tile.has_value()) << "unit " << index << " not ruled at a tile: " << ru.dump();
     const auto [op, tile_index] = *tile;
     ASSERT_GE(op, 1u);
     ASSERT_LE(op, plan.ops.size());
     const engine::TileOp& o = plan.ops[op - 1];
-    EXPECT_EQ(o.kind, engine::TileOpKind::kTileOpLinear) << o.name;
-    EXPECT_EQ(o.x, engine::kTileOperandBatch) << o.name << ": not the operator reading examples";
+    EXPECT_EQ(o.kind, reader) << o.name << ": not the operator reading examples";
+    if (reader == engine::TileOpKind::kTileOpLinear) {
+      EXPECT_EQ(o.x, engine::kTileOperandBatch) << o.name << ": not the operator reading examples";
+    }
+    EXPECT_EQ(o.grid.TileRect(static_cast<int64_t>(tile_index)).r0, 0)
+        << "tile " << tile_index << " does not hold row 0, the forged example's";
     Result<engine::TileFootprint> fp =
         engine::Footprint(plan, static_cast<int64_t>(op - 1), static_cast<int64_t>(tile_index), 0);
     ASSERT_TRUE(fp.ok()) << fp.status().ToString();
@@ -834,10 +824,11 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
     EXPECT_EQ(fp->batch_rows.front(), 0) << "the forged example is batch row 0";
     std::printf(
         "[ late     ] unit %u (%s): %u turns, ruled by %s for the %s at tile %llu of operator %u "
-        "(%s, reading %zu examples), witness %llu bytes\n",
+        "(%s, reading %zu %s), witness %llu bytes\n",
         index, liar_unit ? "wrong_example" : "honest, false challenge", turns[index],
         ru.value("tx", std::string()).c_str(), ru.value("for", std::string()).c_str(),
         static_cast<unsigned long long>(tile_index), op, o.name.c_str(), fp->batch_rows.size(),
+        plan.tokens ? "tokens" : "examples",
         static_cast<unsigned long long>(ru.value("witness_bytes", uint64_t{0})));
   }
 
@@ -855,6 +846,49 @@ TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) 
   EXPECT_EQ(BalanceOf(sim, false_key.public_key()), false_before - honest_cost);
   testing::ExpectNeverSlashed(sim, {1});
   EXPECT_TRUE(sim.Totals().Check().ok());
+}
+
+// A lie in a step's forward pass, played late to a tile that reads the batch's examples (issue
+// 16): on the wide MLP (above; every first segment's witness over 8 MiB), node 0 is a
+// wrong_example solver: each of its units reads step 2's batch with its first example's first
+// value + 1 (ForgeExample) and commits what the step computed from it; the rubber stamps pass
+// it and it is paid. After the audit window the audit challenges each of its units late, at the
+// real witness bound, with the bundle; and a second account, itself a wrong_example challenger
+// (AgentOptions::adversary on a late challenger), challenges an honest unit of node 1 with the
+// end a forged run of that unit reaches: the same lie told of honest work. Every game narrows to
+// step 2, to the operator whose output first differs, the first layer's forward (the one that
+// reads the examples), and to the tile of the forged example's row, and the ledger rules it
+// (RefereeTile, no key) from the examples proven against the task's data root: the liar slashed
+// and jailed, its units proven, the auditor's bonds back with a bounty each; the false
+// challenger's bond pays the honest solver the unit's cost.
+TEST(FraudProofSimTest, AForwardPassLieIsPlayedLateToATileThatReadsTheExamples) {
+  constexpr uint64_t kSeed = 3;
+  WideRun run(kSeed, Adversary::kWrongExample);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  ASSERT_NO_FATAL_FAILURE(
+      PlayForwardPassLieLate(run, ledger::kMaxWitnessBytes, engine::TileOpKind::kTileOpLinear));
+}
+
+// The token form of the same lie, played late (issue 16): a GPT task (testing::WriteTinyGptTask,
+// 2 rounds of 2 units, H = 4, k = 2; its data root over the train stream's token pages) in place
+// of the wide MLP, node 0 a wrong_example solver whose units read step 2's batch with its first
+// token swapped (ForgeExample) and that the rubber stamps pay. Its segment witness is some 10 KB,
+// well within a ProveFraud: the audit is run at a witness bound of 0 so that every proof is a
+// late challenge, as a model over the bound's would be. Each challenge carries the bundle (a
+// token task's dispute always does: ledger::MismatchNeedsBundle); every game, the false
+// challenge of an honest unit by a wrong_example account included, narrows to step 2, to
+// `encoded` (the embedding lookup, the operator that reads the tokens) and to the tile of row 0,
+// the swapped token's; the ledger recomputes it from the tokens proven by their pages against the
+// data root (RefereeTile): the liar slashed and jailed, the false challenger's bond to the honest
+// solver.
+TEST(FraudProofSimTest, ATokenLieIsPlayedLateToTheEmbeddingTileOfItsRow) {
+  constexpr uint64_t kSeed = 3;
+  WideRun run(kSeed, Adversary::kWrongExample, [](Env* env, uint64_t seed) {
+    return testing::WriteTinyGptTask(env, "/data", seed, /*rounds=*/2, /*units=*/2, /*H=*/4,
+                                     /*k=*/2);
+  });
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  ASSERT_NO_FATAL_FAILURE(PlayForwardPassLieLate(run, 0, engine::TileOpKind::kTileOpEmbedding));
 }
 
 // Within the audit window: the full audit's first proof (the poisoner's earliest paid unit)

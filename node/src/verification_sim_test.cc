@@ -13,7 +13,10 @@
 
 #include "meshlearn/base/merkle.h"
 #include "meshlearn/engine/checkpoint.h"
+#include "meshlearn/engine/tile_rule.h"
+#include "meshlearn/engine/train.h"
 #include "meshlearn/net/sim_transport.h"
+#include "meshlearn/node/adversary.h"
 #include "meshlearn/node/local_diloco.h"
 #include "meshlearn/node/secret_chain.h"
 #include "meshlearn/node/unit_executor.h"
@@ -22,6 +25,7 @@
 #include "testing/diloco_task.h"
 #include "testing/sim_harness.h"
 #include "testing/synthetic_task.h"
+#include "testing/token_task.h"
 #include "testing/verification_sim.h"
 
 namespace meshlearn::node {
@@ -321,9 +325,10 @@ INSTANTIATE_TEST_SUITE_P(EveryMode, CheatingSolverTest,
 // (staked 100,000 so that a slash never unbonds it), node 1 every role, node 2 a verifier, on a
 // verifying chain; the referee service runs when `referee`. `tile_disputes` false: mismatches
 // carry no bundle, so disputes play whole steps.
-SimOptions CheaterAndTwoVerifiers(VerifyFixture& f, uint64_t seed, Adversary adversary,
-                                  bool referee, bool tile_disputes = true) {
-  SimOptions o{.seed = seed, .nodes = 3, .task_toml = f.toml, .log = SimLog(), .env = &f.env};
+// (`toml` with its data in `env`: any task.)
+SimOptions CheaterAndTwoVerifiers(Env* env, const std::string& toml, uint64_t seed,
+                                  Adversary adversary, bool referee, bool tile_disputes = true) {
+  SimOptions o{.seed = seed, .nodes = 3, .task_toml = toml, .log = SimLog(), .env = env};
   o.node_options = {{.roles = ledger::kRoleSolver | ledger::kRoleAggregator},
                     {.roles = kAllRoles},
                     {.roles = ledger::kRoleVerifier}};
@@ -337,6 +342,10 @@ SimOptions CheaterAndTwoVerifiers(VerifyFixture& f, uint64_t seed, Adversary adv
     }
   };
   return o;
+}
+SimOptions CheaterAndTwoVerifiers(VerifyFixture& f, uint64_t seed, Adversary adversary,
+                                  bool referee, bool tile_disputes = true) {
+  return CheaterAndTwoVerifiers(&f.env, f.toml, seed, adversary, referee, tile_disputes);
 }
 
 // With a checkpoint every step, a disputed segment is one step: the game goes straight to its
@@ -405,6 +414,103 @@ TEST(VerificationSimTest, TheHonestPartyPostsTheTileWitnessItself) {
   EXPECT_GT(Slashes(sim, 0), 0u);
   ExpectNeverSlashed(sim, {1, 2});
   ExpectFinalModelIsHonest(sim, f);
+}
+
+// The token form of wrong_example (issue 16) in a live dispute: a GPT task (WriteTinyGptTask, its
+// data root over the train stream's token pages) whose solver, node 0, reads step 2 of each unit
+// with the batch's first token swapped (ForgeExample) and commits what it computed. The honest
+// verifier's replay misses the unit's leaf; the dispute (the mismatch carries the bundle: a token
+// task's always does) narrows to step 2, to the first operator whose output differs, `encoded`
+// (the embedding lookup wte[token] + wpe[position], the operator that reads the tokens), and to
+// the tile holding row 0, the swapped token's. The honest party posts the tile's witness and the
+// ledger recomputes the tile from the tokens proven by their pages against the data root
+// (RefereeTile, no key): the liar slashed, never paid, the final model the honest one.
+TEST(VerificationSimTest, AForgedTokenIsCaughtAtTheEmbeddingTileOfItsRow) {
+  MemEnv env;
+  Result<std::string> toml = testing::WriteTinyGptTask(&env, "/data", 43, /*rounds=*/1,
+                                                       /*units=*/2, /*H=*/4, /*k=*/2);
+  ASSERT_TRUE(toml.ok()) << toml.status().ToString();
+  SimOptions o = CheaterAndTwoVerifiers(&env, *toml, 43, Adversary::kWrongExample,
+                                        /*referee=*/false);
+  SimHarness* simp = nullptr;
+  CheckLog checks;
+  o.on_block = [&](uint64_t) { checks.Scan(*simp); };
+  SimHarness sim(o);
+  simp = &sim;
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  Status run = sim.RunUntilFinished(600);
+  ASSERT_TRUE(run.ok()) << run.ToString();
+  const std::string liar = sim.node_key(0).public_key().ToHex();
+  const json task = sim.Task(true);
+  ASSERT_EQ(task.value("status", std::string()), "finished");
+  EXPECT_GE(checks.Count(liar, "disputed"), 1u);
+  EXPECT_EQ(checks.Count(liar, "clean"), 0u);
+  EXPECT_GT(task["params"].value("data_page_tokens", uint64_t{0}), 0u)
+      << "not a token task with a data root over its pages";
+
+  // The plan of a step of the task, as the ledger plans it.
+  ASSERT_TRUE(env.WriteFileAtomic("/data/task.toml", *toml).ok());
+  Result<engine::TaskSpec> spec = engine::TaskSpec::Load(&env, "/data/task.toml");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  Result<std::unique_ptr<engine::Trainer>> trainer = engine::Trainer::Create(&env, *spec);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  const engine::TaskSpec& t = (*trainer)->task();
+  Result<engine::TilePlan> plan =
+      engine::PlanStepTiles(t.model, t.optimizer, t.batch_size, t.seq_len, t.micro_batches);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_TRUE(plan->tokens);
+  const int64_t forged_step = ForgedExampleStep(4);
+  ASSERT_EQ(forged_step, 2);
+
+  // Every game against the liar ruled by RefereeTile at the tile of `encoded` holding row 0.
+  size_t ruled = 0;
+  for (const json& ru : task["verification"]["rulings"]) {
+    if (ru.value("defender", std::string()) != liar) continue;
+    ++ruled;
+    EXPECT_EQ(ru.value("tx", std::string()), "RefereeTile") << ru.dump();
+    EXPECT_EQ(ru.value("for", std::string()), "challenger") << ru.dump();
+    EXPECT_EQ(ru.value("step", uint64_t{0}), static_cast<uint64_t>(forged_step)) << ru.dump();
+    EXPECT_GT(ru.value("witness_bytes", uint64_t{0}), 0u);
+    EXPECT_LE(ru.value("witness_bytes", uint64_t{0}), ledger::kMaxTileWitnessBytes);
+    const auto tile = testing::RuledTile(ru);
+    ASSERT_TRUE(tile.has_value()) << "not ruled at a tile: " << ru.dump();
+    const auto [op, tile_index] = *tile;
+    ASSERT_GE(op, 1u);
+    ASSERT_LE(op, plan->ops.size());
+    const engine::TileOp& o = plan->ops[op - 1];
+    EXPECT_EQ(o.name, "encoded");
+    EXPECT_EQ(o.kind, engine::TileOpKind::kTileOpEmbedding) << o.name;
+    EXPECT_EQ(o.grid.TileRect(static_cast<int64_t>(tile_index)).r0, 0)
+        << "tile " << tile_index << " does not hold row 0, the swapped token's";
+    Result<engine::TileFootprint> fp =
+        engine::Footprint(*plan, static_cast<int64_t>(op - 1), static_cast<int64_t>(tile_index), 0);
+    ASSERT_TRUE(fp.ok()) << fp.status().ToString();
+    ASSERT_FALSE(fp->batch_rows.empty()) << "the tile reads no tokens";
+    EXPECT_EQ(fp->batch_rows.front(), 0) << "the swapped token is batch row 0";
+    std::printf(
+        "[ token    ] unit %u ruled by %s for the %s at tile %llu of operator %u (%s, "
+        "reading %zu tokens), witness %llu bytes\n",
+        ru.value("index", 0u), ru.value("tx", std::string()).c_str(),
+        ru.value("for", std::string()).c_str(), static_cast<unsigned long long>(tile_index), op,
+        o.name.c_str(), fp->batch_rows.size(),
+        static_cast<unsigned long long>(ru.value("witness_bytes", uint64_t{0})));
+  }
+  EXPECT_GE(ruled, 1u) << task["verification"].dump();
+  EXPECT_EQ(sim.agent(0)->stats().tile_witnesses, 0u) << "the liar posts no witness";
+  EXPECT_GE(sim.agent(1)->stats().tile_witnesses + sim.agent(2)->stats().tile_witnesses, ruled);
+  // Slashed, never paid; the honest nodes never slashed; the model the honest reference.
+  EXPECT_GE(Tally(sim, "fraud"), 1u);
+  EXPECT_GT(Slashes(sim, 0), 0u);
+  for (const json& u : task["units"]) {
+    EXPECT_NE(u.value("assignee", std::string()), liar) << u.dump();
+    EXPECT_GT(u.value("paid", uint64_t{0}), 0u) << u.dump();
+  }
+  ExpectNeverSlashed(sim, {1, 2});
+  Result<GlobalState> st = sim.FinalState();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(HashFloats(st->weights), HashFloats(LocalReference(&env, *toml)));
+  EXPECT_TRUE(sim.Totals().Check().ok());
 }
 
 // Restart-safe: both verifiers are killed and restarted (new agents on the same data dirs, their

@@ -7,8 +7,11 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
+#include <regex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -111,6 +114,17 @@ struct CheckLog {
     return it == results.end() ? 0 : it->second.count(result);
   }
 };
+
+// The operator and tile a RefereeTile ruling's reason names ("referee recomputed tile T of
+// operator J of step S: ..."; a ruling of get_task's verification.rulings): {J, T} (J 1-based:
+// the plan's operator J - 1), or nothing.
+inline std::optional<std::pair<uint32_t, uint64_t>> RuledTile(const json& ruling) {
+  static const std::regex kTile(R"(referee recomputed tile (\d+) of operator (\d+) of step \d+)");
+  std::smatch m;
+  const std::string reason = ruling.value("reason", std::string());
+  if (!std::regex_search(reason, m, kTile)) return std::nullopt;
+  return std::make_pair(static_cast<uint32_t>(std::stoul(m[2])), std::stoull(m[1]));
+}
 
 // The task's final weights are the honest in-process run's, bit for bit: a cheater's work never
 // reached the model.
