@@ -148,7 +148,8 @@ Result<UnitOutcome> RunAdversaryUnit(Adversary adv, engine::Trainer* trainer,
                                      const UnitRunOptions& options, const AdversaryInputs& in);
 
 // wrong_example's lie, in place: the first value of the batch's first example + 1 (a token
-// batch: its first token 0, or 1 where it was 0).
+// batch: its first token 0, or 1 where it was 0: another token of any vocabulary of 2 or more,
+// the targets untouched, read by the embedding lookup `encoded`).
 void ForgeExample(engine::Batch& batch);
 // The step (1-based: the step that ends at that state) whose batch wrong_example forges in a unit
 // of `inner_steps` steps: PoisonAfterSteps(inner_steps).
