@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <set>
 
 #include "execute.h"
