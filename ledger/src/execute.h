@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -234,10 +235,10 @@ uint64_t CheckResponseBlocks(const Genesis& g, const TaskParams& p, uint32_t ind
 // back meanwhile (a rewind, a ProveFraud) closes with the bond returned.
 Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const Hash256& task_id);
 
-// What keeps node `node`'s matured unbonding entries from being withdrawn at `height` (Withdraw;
-// docs/ledger.md, "Unbonding"): a slash there takes the node's unbonding entries as well as its
-// stake (TakeBondedStake), so Withdraw keeps an entry while a check that can still slash the node
-// for a unit holds it (Holds). On an open task, in a round not yet final:
+// What keeps the matured unbonding entries of each node of `nodes` from being withdrawn at
+// `height` (Withdraw; docs/ledger.md, "Unbonding"): a slash there takes the node's unbonding
+// entries as well as its stake (TakeBondedStake), so Withdraw keeps an entry while a check that
+// can still slash the node for a unit holds it (Holds). On an open task, in a round not yet final:
 //   - a unit the node was assigned and has not committed yet (nor let expire): it holds the
 //     entries unbonded since its assignment, which it was assigned against (a solver's stake must
 //     cover a unit's slash when it is assigned), until it is committed and its check is over;
@@ -247,24 +248,33 @@ Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const H
 //   - a unit whose check drew the node as a verifier (a rubber stamp or a false mismatch is
 //     slashed by a dispute, a whistleblower's win or a ProveMerits until the round is final): the
 //     entries that matured after the unit's commit (the draw is the block after it);
-// and on any task, a late game (LateChallenge) the node defends: every entry.
+//   - a unit the node challenged as a whistleblower (ChallengeUnit: its stake is the bond, and
+//     losing the dispute slashes it) while that dispute runs, its merits window included: the
+//     entries that matured after the challenge; once the dispute settles it can no longer slash
+//     the node, whatever the round;
+// and on any task, a late game (LateChallenge) the node defends: every entry. (A late game's
+// challenger is an account that posts its bond from its balance when it opens the game: no stake
+// of its is at stake, nothing to hold.)
 // Entries unbonded before a unit was assigned and matured before its commit are not held by it:
 // the unit was assigned against the stake left bonded, so a solver that keeps working after an
-// Unstake still gets the unstaked part once its earlier checks end. Returns the hold that keeps
-// the most entries (the least holds_from; a late game first); nullopt: none.
+// Unstake still gets the unstaked part once its earlier checks end. Returns, for each node held,
+// the hold that keeps the most entries (the least holds_from; a late game first); a node without
+// one is absent. One pass over the state, whatever the number of nodes (Withdraw makes one for
+// all the nodes of its matured entries): the open late games and the units of every open task's
+// rounds not yet final (the units DriveChecks visits at the end of every block), each read once.
 struct StakeHold {
   Hash256 task_id;
   uint32_t index = 0;  // the unit under check
   uint32_t round = 0;
-  std::string part;  // the node's part in the unit, for messages: "solved", "was drawn to verify"
+  std::string part;  // the node's part in the unit, for messages: "solved", "challenged", ...
   std::string why;   // "its check is disputed; the stake is released once ...", for messages
   uint64_t retry_height = 0;  // the earliest height at which the hold can have ended
   uint64_t holds_from = 0;    // the least release height of an entry it holds (0 for a late game)
   // Whether this hold keeps an entry that matured at `release_height`.
   bool Holds(uint64_t release_height) const { return release_height >= holds_from; }
 };
-std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& p,
-                                       const PublicKey& node, uint64_t height);
+std::map<PublicKey, StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& p,
+                                             const std::set<PublicKey>& nodes, uint64_t height);
 // Commit, then prove (proof_commits.cc; CommitProofTx). The bounty of a proof whose witness id
 // is `witness_id`, executed in the block at `height`: the prover of the earliest commitment to
 // it made at least one block before (ties: `sender`, the proof's own prover, if among them, else

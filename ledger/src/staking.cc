@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <optional>
+#include <set>
 
 #include "execute.h"
 
@@ -142,12 +142,18 @@ Status ExecuteWithdraw(ExecContext& ctx, const WithdrawTx&) {
   const Account* a = ctx.state.accounts.Find(ctx.tx.sender);
   if (a == nullptr) return FailedPrecondition("withdraw: nothing is unbonding");
   // A matured entry of a node whose units are still under check stays: a slash there must still
-  // reach it (OpenCheckHold). Each node is looked up once.
-  std::map<PublicKey, std::optional<StakeHold>> holds;
+  // reach it (OpenCheckHold). One pass over the state for all the nodes of the matured entries,
+  // however many they are.
+  std::set<PublicKey> nodes;
+  for (const Unbonding& u : a->unbonding) {
+    if (u.release_height <= ctx.height) nodes.insert(u.node_id);
+  }
+  const std::map<PublicKey, StakeHold> holds =
+      nodes.empty() ? std::map<PublicKey, StakeHold>{}
+                    : OpenCheckHold(ctx.state, ctx.params(), nodes, ctx.height);
   auto held = [&](const Unbonding& u) -> const StakeHold* {
-    auto [it, added] = holds.try_emplace(u.node_id);
-    if (added) it->second = OpenCheckHold(ctx.state, ctx.params(), u.node_id, ctx.height);
-    return it->second && it->second->Holds(u.release_height) ? &*it->second : nullptr;
+    auto it = holds.find(u.node_id);
+    return it != holds.end() && it->second.Holds(u.release_height) ? &it->second : nullptr;
   };
   Amount released = 0, kept = 0;
   const Unbonding* first_kept = nullptr;

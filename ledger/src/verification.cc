@@ -2262,28 +2262,34 @@ Status DriveLateGames(LedgerState& s, const Genesis& g, uint64_t height, const H
   return Status::Ok();
 }
 
-std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& p,
-                                       const PublicKey& node, uint64_t height) {
-  std::optional<StakeHold> least;
-  auto keep = [&](StakeHold h) {
-    if (!least || h.holds_from < least->holds_from) least = std::move(h);
+std::map<PublicKey, StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& p,
+                                             const std::set<PublicKey>& nodes, uint64_t height) {
+  std::map<PublicKey, StakeHold> least;
+  auto keep = [&](const PublicKey& node, StakeHold h) {
+    auto [it, added] = least.try_emplace(node, h);
+    if (!added && h.holds_from < it->second.holds_from) it->second = std::move(h);
+  };
+  // Whether a hold from `holds_from` would keep more of `node`'s entries than the one it has.
+  auto wider = [&](const PublicKey& node, uint64_t holds_from) {
+    auto it = least.find(node);
+    return it == least.end() || holds_from < it->second.holds_from;
   };
   for (const auto& [id, t] : s.tasks.rows()) {
     for (uint32_t index : t.verification.late_games) {
       const WorkUnit* u = s.units.Find({id, index});
       if (u == nullptr || !u->late.open()) continue;
       Result<protocol::DisputeGame> game = LoadLateGame(*u);
-      if (!game.ok() || game->config().defender != node) continue;
+      if (!game.ok() || !nodes.contains(game->config().defender)) continue;
       // Its unit's round is final: committed before any entry matured that a slash could reach.
-      return StakeHold{.task_id = id,
-                       .index = index,
-                       .round = u->round,
-                       .part = "solved",
-                       .why =
-                           "a late dispute on it (LateChallenge) is open; the stake is "
-                           "released once the game is ruled",
-                       .retry_height = std::max(height, game->query().deadline_height) + 1,
-                       .holds_from = 0};
+      keep(game->config().defender,
+           StakeHold{.task_id = id,
+                     .index = index,
+                     .round = u->round,
+                     .part = "solved",
+                     .why = "a late dispute on it (LateChallenge) is open; the stake is "
+                            "released once the game is ruled",
+                     .retry_height = std::max(height, game->query().deadline_height) + 1,
+                     .holds_from = 0});
     }
     if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
     Result<protocol::RoundStateMachine> m = LoadMachine(t);
@@ -2297,14 +2303,15 @@ std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& 
       // Entries unbonded at or after the unit's assignment (release_height = unbonding height
       // + the delay) were bonded when it was assigned.
       const protocol::Assignment* a = m->AssignmentOf(u->round, u->shard);
-      const bool solver = a != nullptr && a->node == node;
+      const bool assigned = a != nullptr && nodes.contains(a->node);
       const uint64_t since_assigned =
-          solver && a->assigned_height <= UINT64_MAX - p.unbonding_delay_blocks
+          assigned && a->assigned_height <= UINT64_MAX - p.unbonding_delay_blocks
               ? a->assigned_height + p.unbonding_delay_blocks
               : UINT64_MAX;
       if (u->check.empty()) {
-        if (!solver || u->status != WorkUnitStatus::kAssigned) continue;
-        keep(StakeHold{.task_id = id,
+        if (!assigned || u->status != WorkUnitStatus::kAssigned) continue;
+        keep(a->node,
+             StakeHold{.task_id = id,
                        .index = index,
                        .round = u->round,
                        .part = "was assigned",
@@ -2319,11 +2326,6 @@ std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& 
       }
       Result<UnitCheck> c = LoadCheck(*u);
       if (!c.ok()) continue;
-      const std::vector<protocol::NodeId>& drawn = c->verifiers();
-      const bool verifier = std::find(drawn.begin(), drawn.end(), node) != drawn.end();
-      if (c->config().solver != node && !verifier) continue;
-      const uint64_t holds_from = std::min(c->config().commit_height, since_assigned);
-      if (least && least->holds_from <= holds_from) continue;
       // The end of the window the check is in now: a lower bound on when it can be over (a
       // dispute's next turns, a merits window and the round's finality may come after it).
       uint64_t end = height;
@@ -2333,20 +2335,53 @@ std::optional<StakeHold> OpenCheckHold(const LedgerState& s, const ChainParams& 
       }
       if (c->dispute()) end = std::max(end, c->dispute()->query().deadline_height);
       if (c->awaits_merits()) end = std::max(end, c->merits_deadline());
-      std::string why = c->stage() == CheckStage::kCheckSettled
-                            ? "its check settled " +
-                                  std::string(protocol::CheckResultName(c->result())) +
-                                  " in round " + std::to_string(u->round) +
-                                  ", which is not final: a whistleblower may still challenge it"
-                            : "its check is " + std::string(protocol::CheckStageName(c->stage()));
-      why += "; the stake is released once the check has settled and " + released;
-      keep(StakeHold{.task_id = id,
-                     .index = index,
-                     .round = u->round,
-                     .part = verifier ? "was drawn to verify" : "solved",
-                     .why = std::move(why),
-                     .retry_height = end + 1,
-                     .holds_from = holds_from});
+      const uint64_t committed = c->config().commit_height;
+      // The solver and the drawn verifiers: slashable until the check has settled and the round
+      // is final (a whistleblower's win slashes the verifiers that called the unit clean).
+      auto check_hold = [&](const PublicKey& node, bool verifier) {
+        const uint64_t holds_from =
+            std::min(committed, a != nullptr && a->node == node ? since_assigned : UINT64_MAX);
+        if (!wider(node, holds_from)) return;
+        std::string why = c->stage() == CheckStage::kCheckSettled
+                              ? "its check settled " +
+                                    std::string(protocol::CheckResultName(c->result())) +
+                                    " in round " + std::to_string(u->round) +
+                                    ", which is not final: a whistleblower may still challenge it"
+                              : "its check is " + std::string(protocol::CheckStageName(c->stage()));
+        why += "; the stake is released once the check has settled and " + released;
+        keep(node, StakeHold{.task_id = id,
+                             .index = index,
+                             .round = u->round,
+                             .part = verifier ? "was drawn to verify" : "solved",
+                             .why = std::move(why),
+                             .retry_height = end + 1,
+                             .holds_from = holds_from});
+      };
+      const std::vector<protocol::NodeId>& drawn = c->verifiers();
+      if (nodes.contains(c->config().solver)) check_hold(c->config().solver, false);
+      for (const protocol::NodeId& v : drawn) {
+        if (v != c->config().solver && nodes.contains(v)) check_hold(v, true);
+      }
+      // A whistleblower's challenge (ChallengeUnit): its stake is the challenge's bond, taken
+      // (UnitCheck's slash) when it loses the dispute, by a ruling or by missing its turn. Its
+      // entries that matured after the challenge are held while the dispute runs (its merits
+      // window included); once it settles the challenge can slash it no more, whatever the
+      // round. A drawn verifier's own dispute is its verdict's, held above.
+      if (c->stage() == CheckStage::kCheckDisputed && c->dispute()) {
+        const PublicKey& wb = c->dispute()->config().challenger;
+        const uint64_t holds_from = c->dispute()->config().start_height;
+        if (nodes.contains(wb) && wb != c->config().solver &&
+            std::find(drawn.begin(), drawn.end(), wb) == drawn.end() && wider(wb, holds_from)) {
+          keep(wb, StakeHold{.task_id = id,
+                             .index = index,
+                             .round = u->round,
+                             .part = "challenged",
+                             .why = "its challenge (ChallengeUnit) is disputed; the stake is "
+                                    "released once the dispute is over (a loss slashes it)",
+                             .retry_height = end + 1,
+                             .holds_from = holds_from});
+        }
+      }
     }
   }
   return least;

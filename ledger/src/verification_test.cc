@@ -2507,6 +2507,41 @@ TEST_F(LateGameTest, AnOpenLateGameHoldsItsDefendersUnbondingStake) {
   EXPECT_TRUE(chain_->GetTotals().Check().ok());
 }
 
+// A late game's challenger is an account that posts its bond from its balance when it opens the
+// game (ExecuteLateChallenge debits it; the unit holds it), so its stake is no part of what it can
+// lose and nothing of it is held. Here erin challenges s1's honest segment 0 late with a made-up
+// end, and her whistleblower node leaves and is withdrawn whole in the same block; s1 answers, erin
+// falls silent and loses the bond in full: the unit's cost to s1's owner, the rest to the jackpot.
+TEST_F(LateGameTest, ALosingLateChallengerPaysItsWholeBondThoughItsNodeLeftAndWithdrew) {
+  RunPoisonedTask();
+  StepOk({N(wb_, LeaveNodeTx{.node_id = wb_.public_key()})});
+  Steps(static_cast<int>(genesis_.params.unbonding_delay_blocks) + 1);  // matured
+  const TaskRecord finished = Task();                                   // past its audit window too
+  while (chain_->Height() + 1 <= AuditWindowEnd(finished, genesis_.params.audit_window_blocks)) {
+    Step();
+  }
+  const Amount cost = UnitCost(Task(), Unit(u_).price);
+  const Amount bond = 3 * cost;
+  const Amount alice_before = Balance(alice_), erin_before = Balance(erin_);
+  const Totals before = chain_->GetTotals();
+  const Hash256 lie = Hasher("late lie").UpdateU64(2).Finish();
+  std::vector<Receipt> r = Step({Late(erin_, 0, lie, bond), Q(erin_, WithdrawTx{})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  ASSERT_TRUE(r[1].ok) << r[1].reason;
+  EXPECT_EQ(Balance(erin_), erin_before - bond + kStake);
+  EXPECT_TRUE(chain_->GetAccount(erin_.public_key())->unbonding.empty());
+  PlayLate([&](uint64_t s) { return s == 3 ? poisoned_step3_ : states_[s]; }, nullptr);
+  Step();
+  ASSERT_FALSE(Unit(u_).late.open());
+  EXPECT_TRUE(Task().verification.proven_frauds.empty());
+  EXPECT_EQ(Balance(erin_), erin_before - bond + kStake);  // the bond, lost in full
+  EXPECT_EQ(Balance(alice_), alice_before + cost);
+  const Totals after = chain_->GetTotals();
+  EXPECT_TRUE(after.Check().ok()) << after.Check().ToString();
+  EXPECT_EQ(after.minted, before.minted);
+  EXPECT_EQ(after.jackpot, before.jackpot + bond - cost);
+}
+
 // A unit taken back while its late game runs (here proven by a ProveFraud that fits) leaves the
 // game nothing to decide: it closes and the challenger gets its bond back.
 TEST_F(FraudProofTest, ALateGameWhoseUnitIsProvenMeanwhileReturnsItsBond) {
@@ -3255,6 +3290,85 @@ TEST_F(VerifierStakeHoldTest, ADrawnVerifierCannotWithdrawUntilTheCheckIsOverAnd
   StepOk({Q(dave_, WithdrawTx{})});
   EXPECT_EQ(Balance(dave_), dave_before + rest);
   EXPECT_TRUE(UnbondingOf(dave_).empty());
+  const Totals end = chain_->GetTotals();
+  EXPECT_TRUE(end.Check().ok()) << end.Check().ToString();
+  EXPECT_EQ(end.minted, start.minted);
+}
+
+// A whistleblower's stake is its challenge's bond (ChallengeUnit): losing the dispute, by a ruling
+// or by missing its turn, slashes it (UnitCheck), and the slash takes its unbonding entries too.
+// So the entries that matured after the challenge are held while the dispute runs. Here wb
+// challenges a clean unit with a made-up replay and unstakes down to its role's minimum in the
+// same block; erin's Withdraw gets the entry of her other node (one pass over the state for both
+// nodes) and keeps wb's, then is refused naming the unit. The solver answers, wb falls silent and
+// is slashed a whole slash, which reaches the entry. The dispute over, the rest is withdrawn,
+// though the round is not final yet: nothing of the challenge can slash wb any more.
+TEST_F(StakeHoldTest, AWhistleblowerCannotWithdrawWhileItsChallengeRunsAndIsSlashedWhenItLoses) {
+  const KeyPair other = TestKey(28);
+  owner_[other.public_key()] = &erin_;  // a second node of the whistleblower's owner
+  Start();
+  StepOk({N(other, Reg(other, kRoleWhistleblower))});
+  const int a = UnitOf(s1_), b = UnitOf(s2_);
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  const uint32_t ua = static_cast<uint32_t>(a);
+  const Totals start = chain_->GetTotals();
+  CommitAll({{a, false}, {b, false}});
+  Aggregate();
+  Sealed clean_a = Clean(), clean_b = Clean();
+  StepOk({SealTx(v1_, a, clean_a), SealTx(v1_, b, clean_b)});
+  StepUntil(a, CheckStage::kCheckRevealVerdicts);
+  StepOk({RevealTx(v1_, a, clean_a), RevealTx(v1_, b, clean_b), SecretTx(a), SecretTx(b)});
+  StepUntilDone(a);
+  ASSERT_EQ(Check(a).result(), CheckResult::kCheckClean);
+  const Amount part = kStake - genesis_.params.min_stake_whistleblower;
+  StepOk({N(other, UnstakeTx{.node_id = other.public_key(), .amount = part})});
+  const MismatchClaimField lie =
+      ClaimOf(Leaves(a, false), 0, Blake2b("a replay that never happened"));
+  StepOk({N(wb_,
+            ChallengeUnitTx{
+                .task_id = task_id_, .index = ua, .node_id = wb_.public_key(), .claim = lie}),
+          N(wb_, UnstakeTx{.node_id = wb_.public_key(), .amount = part})});
+  ASSERT_EQ(Check(a).stage(), CheckStage::kCheckDisputed);
+  // Both entries matured: the other node's is released, wb's stays.
+  const Amount erin_before = Balance(erin_);
+  StepOk({Q(erin_, WithdrawTx{})});
+  EXPECT_EQ(Balance(erin_), erin_before + part);
+  ASSERT_EQ(UnbondingOf(erin_).size(), 1u) << "withdrawn while its challenge runs";
+  ASSERT_EQ(UnbondingOf(erin_)[0].node_id, wb_.public_key());
+  ASSERT_LE(UnbondingOf(erin_)[0].release_height, chain_->Height());
+  // The solver answers its first turn; erin's Withdraw, with only wb's entry left, is refused.
+  const protocol::DisputeGame game = *Check(a).dispute();
+  ASSERT_EQ(game.config().challenger, wb_.public_key());
+  const uint64_t pos = game.query().position;
+  std::vector<Receipt> r = Step({N(s1_, DisputePostTx{.task_id = task_id_,
+                                                      .index = ua,
+                                                      .node_id = s1_.public_key(),
+                                                      .position = pos,
+                                                      .hash = TrueState(a, pos)}),
+                                 Q(erin_, WithdrawTx{})});
+  ASSERT_TRUE(r[0].ok) << r[0].reason;
+  EXPECT_FALSE(r[1].ok) << "withdrawn while its challenge runs";
+  EXPECT_EQ(r[1].code, StatusCode::kFailedPrecondition);
+  EXPECT_NE(r[1].reason.find("challenged unit " + std::to_string(a) + " of task"),
+            std::string::npos)
+      << r[1].reason;
+  EXPECT_NE(r[1].reason.find("retry at height"), std::string::npos) << r[1].reason;
+  // wb misses its turn: it loses, slashed a whole slash, reaching the entry.
+  StepUntilDone(ua);
+  ASSERT_EQ(Check(a).stage(), CheckStage::kCheckSettled);
+  EXPECT_EQ(Check(a).result(), CheckResult::kCheckClean);
+  const Amount slash = kSlashMultiple * kTestUnitCost;
+  ASSERT_GT(slash, genesis_.params.min_stake_whistleblower);  // more than it left bonded
+  EXPECT_EQ(Node(wb_).reputation.slashes, 1u);
+  EXPECT_EQ(Node(wb_).earnings.slashed, slash);
+  ASSERT_EQ(UnbondingOf(erin_).size(), 1u);
+  EXPECT_EQ(Node(wb_).stake + UnbondingOf(erin_)[0].amount, kStake - slash);
+  ASSERT_TRUE(Machine().Unfinal(0));
+  const Amount before = Balance(erin_), rest = UnbondingOf(erin_)[0].amount;
+  StepOk({Q(erin_, WithdrawTx{})});
+  EXPECT_EQ(Balance(erin_), before + rest);
+  EXPECT_TRUE(UnbondingOf(erin_).empty());
   const Totals end = chain_->GetTotals();
   EXPECT_TRUE(end.Check().ok()) << end.Check().ToString();
   EXPECT_EQ(end.minted, start.minted);
