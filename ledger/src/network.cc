@@ -23,6 +23,7 @@
 #include "meshlearn/protocol/stage_placement.h"
 #include "meshlearn/protocol/stage_transfer.h"
 #include "meshlearn/protocol/unit_check.h"
+#include "stage_disk.h"
 
 namespace meshlearn::ledger {
 
@@ -158,42 +159,34 @@ std::vector<protocol::NodeView> NodeViews(const LedgerState& s, uint32_t role,
 
 // The disk the files of each node's stage units take (NodeView::disk_held_bytes): the sum of
 // protocol::StageDiskBytes of every stage unit of an open pipeline task that the ledger records
-// as the node's (assigned, committed or settled) in a round not yet final (from rounds_settled
-// on; each later round holds units only while the one before it does). A node keeps a unit's
-// files (its checkpoints and step tensors) until the unit's round is final: it deletes them when
-// it sees rounds_settled pass the round (node::PinKeeper's review, every block before it takes
-// work: Stager::ReleaseEvidence), or, for a cancelled task, when it sees the task closed; a
-// finished task's rounds are all final. Its check settling does not free them: a round's units
-// can be checked and challenged until the round is final. The task being placed, `placing`,
-// counts from `placing_final` (its machine's final_rounds: this block's step 4 settles them, so
-// the node has deleted their files before it sees the new unit). Saturates at UINT64_MAX.
+// as the node's in a round not yet final (ForEachStageUnitHeld, stage_disk.h). A node keeps a
+// unit's files (its checkpoints and step tensors) while node_work lists the unit as its own
+// (`stage_units`, the same units) and deletes them at its next pin review once it does not
+// (node::PinKeeper, every block before it takes work: Stager::ReleaseEvidence): when rounds_settled
+// passes the round, when the unit expired or went to another node before the node committed it,
+// or when a re-run reset its commit and placed it elsewhere; a closed task's all at once. Its
+// check settling does not free them: a round's units can be checked and challenged until the
+// round is final. The task being placed, `placing`, counts from `placing_final` (its machine's
+// final_rounds: this block's step 4 settles them, so the node has deleted their files before it
+// sees the new unit). Saturates at UINT64_MAX.
 std::map<PublicKey, uint64_t> StageDiskHeld(const LedgerState& s, const Hash256& placing,
                                             uint32_t placing_final) {
   std::map<PublicKey, uint64_t> held;
   for (const auto& [id, t] : s.tasks.rows()) {
-    if (t.status != TaskStatus::kOpen || !IsPipelineTask(t.params)) continue;
-    const uint32_t per_round = t.params.units_per_round;
     const uint32_t final_rounds =
         id == placing ? std::max(t.rounds_settled, placing_final) : t.rounds_settled;
-    for (uint64_t first = uint64_t{final_rounds} * per_round; first < t.unit_count;
-         first += per_round) {
-      bool any = false;
-      for (uint64_t index = first; index < first + per_round && index < t.unit_count; ++index) {
-        const WorkUnit* u = s.units.Find({id, static_cast<uint32_t>(index)});
-        if (u == nullptr || u->assignee == PublicKey{} ||
-            (u->status != WorkUnitStatus::kAssigned && u->status != WorkUnitStatus::kCommitted &&
-             u->status != WorkUnitStatus::kVerified)) {
-          continue;
-        }
-        any = true;
-        const uint32_t stage = StageSlotOf(t.params, static_cast<uint32_t>(index)).stage;
-        const uint64_t bytes =
-            protocol::StageDiskBytes(t.params.stage_memory_bytes[stage], t.params.inner_steps);
-        uint64_t& sum = held[u->assignee];
-        sum = bytes > UINT64_MAX - sum ? UINT64_MAX : sum + bytes;
-      }
-      if (!any) break;
-    }
+    ForEachStageUnitHeld(
+        t, final_rounds,
+        [&](uint32_t index) {
+          return s.units.Find({id, index});
+        },
+        [&](const WorkUnit& u) {
+          const uint32_t stage = StageSlotOf(t.params, u.index).stage;
+          const uint64_t bytes =
+              protocol::StageDiskBytes(t.params.stage_memory_bytes[stage], t.params.inner_steps);
+          uint64_t& sum = held[u.assignee];
+          sum = bytes > UINT64_MAX - sum ? UINT64_MAX : sum + bytes;
+        });
   }
   return held;
 }

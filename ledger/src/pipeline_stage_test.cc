@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "execute.h"
 #include "meshlearn/base/blob.h"
@@ -30,6 +31,7 @@
 #include "meshlearn/protocol/unit_check.h"
 #include "meshlearn/protocol/verification.h"
 #include "pipeline_test_util.h"
+#include "stage_disk.h"
 #include "test_util.h"
 
 namespace meshlearn::ledger {
@@ -990,6 +992,57 @@ TEST_F(PipelineLostStageTest, ACommitOfTheStagesEarlierPlacementIsRefusedAfterIt
                             Q(alice_, Commit(0, 0, 2))});
   EXPECT_EQ(Unit(0, 0, 0).result_hash, Blake2b("stage delta 0/0/0"));
   EXPECT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
+}
+
+// The stage units whose files the ledger counts against each node's disk (ForEachStageUnitHeld:
+// what StageDiskHeld sums, and what node_work lists to the node as `stage_units`, whose other runs'
+// files it deletes: node::PinKeeper). Stage 0 commits, then stage 1's node leaves: it no longer
+// holds its unit (its run's files are of a run never committed, which nothing reads), the new
+// node does, and stage 0's node holds its stage again (its commit reset by the replica's re-run,
+// the stage kept on it). Once the round is final no node holds any unit of it.
+TEST_F(PipelineLostStageTest, TheStageUnitsCountedAgainstANodesDiskLeaveItWithTheUnit) {
+  const std::vector<PublicKey> chain = StartOneReplica();
+  using Slot = std::tuple<uint32_t, uint32_t, uint32_t>;  // round, replica, stage
+  auto held = [&](const PublicKey& node) {
+    const TaskRecord t = Task();
+    std::set<Slot> out;
+    ForEachStageUnitHeld(
+        t, t.rounds_settled,
+        [&](uint32_t index) {
+          Result<WorkUnit> w = chain_->GetWorkUnit(task_id_, index);
+          return w.ok() ? std::optional<WorkUnit>(std::move(*w)) : std::nullopt;
+        },
+        [&](const WorkUnit& u) {
+          if (u.assignee != node) return;
+          const StageSlot slot = StageSlotOf(t.params, u.index);
+          out.insert({slot.round, slot.replica, slot.stage});
+        });
+    return out;
+  };
+  for (uint32_t s = 0; s < kStages; ++s) {
+    EXPECT_EQ(held(chain[s]), (std::set<Slot>{{0, 0, s}})) << "stage " << s;
+  }
+  const PublicKey& fresh = nodes_[7].public_key();
+  EXPECT_TRUE(held(fresh).empty());
+  StepHeartbeats(PublicKey{}, {Q(alice_, Commit(0, 0, 0))});
+  ASSERT_EQ(Unit(0, 0, 0).status, WorkUnitStatus::kCommitted);
+  EXPECT_EQ(held(chain[0]), (std::set<Slot>{{0, 0, 0}}));  // committed: held until final
+  StepHeartbeats(chain[1], {Q(alice_, LeaveNodeTx{.node_id = chain[1]})});
+  ASSERT_EQ(Unit(0, 0, 1).assignee, fresh);
+  ASSERT_EQ(Unit(0, 0, 0).status, WorkUnitStatus::kAssigned);
+  ASSERT_EQ(Unit(0, 0, 0).assignee, chain[0]);
+  EXPECT_TRUE(held(chain[1]).empty()) << "the node that left still holds its stage unit";
+  EXPECT_EQ(held(fresh), (std::set<Slot>{{0, 0, 1}}));
+  EXPECT_EQ(held(chain[0]), (std::set<Slot>{{0, 0, 0}}));
+  EXPECT_EQ(held(chain[2]), (std::set<Slot>{{0, 0, 2}}));
+  StepHeartbeats(chain[1], {Q(alice_, Commit(0, 0, 0)), Q(alice_, Commit(0, 0, 1)),
+                            Q(alice_, Commit(0, 0, 2))});
+  ASSERT_EQ(Machine().phase(), RoundPhase::kRoundPhaseAggregating);
+  ASSERT_NO_FATAL_FAILURE(CommitAggregate(0, "state 1"));
+  ASSERT_EQ(Task().rounds_settled, 1u);
+  for (const PublicKey& n : {chain[0], chain[1], chain[2], fresh}) {
+    for (const Slot& slot : held(n)) EXPECT_NE(std::get<0>(slot), 0u) << "round 0 is final";
+  }
 }
 
 TEST_F(PipelineVerificationTest, EveryStageUnitIsCheckedStepByStepAndPaidWhenClean) {

@@ -15,6 +15,7 @@
 #include "meshlearn/ledger/shared_chain.h"
 #include "meshlearn/protocol/round_phase.h"
 #include "meshlearn/protocol/unit_check.h"
+#include "stage_disk.h"
 
 namespace meshlearn::ledger {
 namespace {
@@ -529,6 +530,7 @@ json RpcService::Dispatch(const std::string& method, const json& params,
     p.Only({"id"});
     PublicKey node = p.Key("id");
     json units = json::array(), aggregations = json::array(), checks = json::array();
+    json stage_units = json::array();
     uint64_t height = 0;
     uint64_t next_secret_index = 0;
     chain_->With([&](Chain& c) {
@@ -564,6 +566,22 @@ json RpcService::Dispatch(const std::string& method, const json& params,
           checks.push_back(std::move(j));
         }
         if (t.status != TaskStatus::kOpen || t.runtime.empty()) continue;
+        // The stage units whose files the ledger counts against this node's disk: the node
+        // deletes those of its other runs (node::PinKeeper).
+        ForEachStageUnitHeld(
+            t, t.rounds_settled,
+            [&](uint32_t index) {
+              Result<WorkUnit> w = c.GetWorkUnit(t.id, index);
+              return w.ok() ? std::optional<WorkUnit>(std::move(*w)) : std::nullopt;
+            },
+            [&](const WorkUnit& u) {
+              if (u.assignee != node) return;
+              const StageSlot slot = StageSlotOf(t.params, u.index);
+              stage_units.push_back({{"task_id", t.id.ToHex()},
+                                     {"round", slot.round},
+                                     {"replica", slot.replica},
+                                     {"stage", slot.stage}});
+            });
         auto m = protocol::RoundStateMachine::Decode(t.runtime);
         if (!m.ok()) continue;
         const uint32_t per_round = t.params.units_per_round;
@@ -693,6 +711,7 @@ json RpcService::Dispatch(const std::string& method, const json& params,
             {"units", std::move(units)},
             {"aggregations", std::move(aggregations)},
             {"checks", std::move(checks)},
+            {"stage_units", std::move(stage_units)},
             {"next_secret_index", next_secret_index}};
   }
 

@@ -302,7 +302,7 @@ Result<std::optional<NodeWork>> NodeAgent::Prepare(TickReport* report) {
   report->height = work.height;
   ML_RETURN_IF_ERROR(EnsureRegistered(work.height));
   if (pins_->Due()) {
-    Status reviewed = pins_->ReviewPins();
+    Status reviewed = pins_->ReviewPins(work);
     if (!reviewed.ok()) Log("blob clean-up: " + reviewed.message());  // retried next time
   }
   if (!registered_ && !left_ && !options_.late_challenger) return std::optional<NodeWork>();

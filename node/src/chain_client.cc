@@ -606,8 +606,21 @@ std::vector<std::string> ActiveEndpoints(const std::vector<NodeInfo>& nodes,
 Result<NodeWork> ParseNodeWork(const json& j) {
   RpcAnswer a("node_work", j);
   NodeWork w;
-  Fields f(a, {"height", "units", "aggregations", "checks", "next_secret_index"});
+  Fields f(a, {"height", "units", "aggregations", "checks", "stage_units", "next_secret_index"});
+  f.Optional("stage_units");
   f.Read("height", &w.height);
+  if (f.ok() && a.raw().contains("stage_units")) {
+    ML_ASSIGN_OR_RETURN(RpcAnswer held, f.Array("stage_units"));
+    w.stage_units.emplace();
+    for (size_t i = 0; i < held.size(); ++i) {
+      HeldStageUnit x;
+      Fields hf(held.At(i), {"task_id", "round", "replica", "stage"});
+      hf.Read("task_id", &x.task_id).Read("round", &x.round);
+      hf.Read("replica", &x.replica).Read("stage", &x.stage);
+      ML_RETURN_IF_ERROR(hf.Done());
+      w.stage_units->push_back(x);
+    }
+  }
   ML_ASSIGN_OR_RETURN(RpcAnswer checks, f.Array("checks"));
   for (size_t i = 0; i < checks.size(); ++i) {
     ML_ASSIGN_OR_RETURN(CheckAssignment x, ParseCheck(checks.At(i)));

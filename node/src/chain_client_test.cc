@@ -108,6 +108,12 @@ TEST(ChainClientHostile, WrongShapedAnswersAreErrorsNotAborts) {
   fake.SetResult("node_work", {{"height", 1}, {"units", {{{"task_id", hex}, {"index", "0"}}}}});
   ExpectNamed(GetNodeWork(chain, Key(1).public_key()).status(), "node_work",
               "result.units[0].index");
+  fake.SetResult(
+      "node_work",
+      {{"height", 1},
+       {"stage_units", {{{"task_id", hex}, {"round", 0}, {"replica", "one"}, {"stage", 0}}}}});
+  ExpectNamed(GetNodeWork(chain, Key(1).public_key()).status(), "node_work",
+              "result.stage_units[0].replica");
   fake.SetResult("node_work", {{"height", 1}, {"checks", "none"}});
   ExpectNamed(GetNodeWork(chain, Key(1).public_key()).status(), "node_work", "result.checks");
   fake.SetResult("node_work", {{"height", 1}, {"checks", {{{"task_id", hex}, {"index", 0}, {"round", 0},

@@ -288,6 +288,95 @@ TEST(PipelineNetworkTest, ACancelledTasksStageFilesAreDeletedOnceTheNodeSeesItCl
   EXPECT_EQ(files(), 0u) << "stage files left " << b << " blocks after the cancel";
 }
 
+// A node deletes the files of a stage run whose unit the ledger no longer counts as its own
+// (node_work's stage_units: the unit was placed on another node before the node committed it) at
+// its next pin review, not when the round is final: no check, dispute or resume reads them, and
+// the ledger no longer counts them against its disk. Seven agents; replica 0's stage 1 node sits
+// out its ticks from its round 0 run's start (its thread trains on and writes its files, and it
+// commits nothing), then leaves: the ledger places its stage on another node. Once it ticks again
+// its stages/ folder is empty while round 0 is not yet final, and every node that committed a
+// round 0 unit keeps its files. Without the review's sweep they stayed until the round was final.
+TEST(PipelineNetworkTest, AStageRunsFilesAreDeletedOnceItsUnitIsPlacedOnAnotherNode) {
+  testing::SimOptions opt = PipelineSimOptions(24, "pipeline-network-moved-files");
+  opt.log = std::getenv("MESHLEARN_SIM_LOG") != nullptr;
+  opt.nodes = 7;
+  opt.node_options.resize(7);
+  opt.tweak_genesis = [base = opt.tweak_genesis](ledger::Genesis& g) {
+    base(g);
+    g.params.liveness_blocks = 1'000'000;  // the node that sits out stays live until it leaves
+  };
+  std::mutex mu;
+  int moved = -1;           // replica 0's stage 1 node of the first round 0 run
+  bool sit_out = true;      // it sits out its ticks
+  std::set<int> committed;  // replica 1's nodes that committed their round 0 stage
+  opt.log_sink = [&](int node, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (moved < 0 && line.find(" r0 replica 0 stage 1: training") != std::string::npos) {
+      moved = node;
+    }
+    if (line.find(" r0 replica 1 stage ") != std::string::npos &&
+        line.find("(CommitStage)") != std::string::npos) {
+      committed.insert(node);
+    }
+  };
+  opt.skip_tick = [&](int node) {
+    std::lock_guard<std::mutex> lock(mu);
+    return sit_out && node == moved;
+  };
+  testing::SimHarness sim(opt);
+  Status setup = sim.Setup();
+  ASSERT_TRUE(setup.ok()) << setup.ToString();
+  auto files = [&](int node) -> size_t {
+    const std::string dir =
+        HomeLayout(opt.root + "/nodes/n" + std::to_string(node)).StageEvidenceDir();
+    Result<std::vector<std::string>> names = Env::Default()->ListDir(dir);
+    return names.ok() ? names->size() : 0;
+  };
+  auto step_until = [&](int max_blocks, const std::function<bool()>& done) {
+    for (int b = 0; b < max_blocks && !done(); ++b) {
+      Status stepped = sim.Step();
+      if (!stepped.ok()) {
+        ADD_FAILURE() << stepped.ToString();
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return done();
+  };
+  // Replica 1's three stages commit (their units are never placed again here), and the node that
+  // sits out has written files of its run.
+  ASSERT_TRUE(step_until(20'000, [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return moved >= 0 && committed.size() >= 3 && files(moved) > 0;
+  })) << "replica 1 never committed, or replica 0's stage 1 node wrote no file";
+  int node;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    node = moved;
+  }
+  const std::string key = sim.node_key(node).public_key().ToHex();
+  auto held_by_node = [&] {
+    return sim.Call("node_work", {{"id", key}}).value("stage_units", json::array()).size();
+  };
+  ASSERT_EQ(held_by_node(), 1u);
+  Result<Hash256> left = sim.agent(node)->tx_sender().Send(
+      ledger::LeaveNodeTx{.node_id = sim.node_key(node).public_key()});
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  ASSERT_TRUE(step_until(2'000, [&] { return held_by_node() == 0; }))
+      << "the ledger still counts replica 0's stage 1 as the node's after it left";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sit_out = false;
+  }
+  ASSERT_TRUE(step_until(2'000, [&] { return files(node) == 0; }))
+      << "node " << node << " keeps " << files(node)
+      << " stage file(s) of a unit it no longer holds";
+  EXPECT_EQ(sim.Task(false).value("rounds_settled", 99u), 0u) << "round 0 is final already";
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(committed.size(), 3u);
+  for (int n : committed) EXPECT_GT(files(n), 0u) << "node " << n << " committed in round 0";
+}
+
 // A stage whose steps fail (here node 5's own, by a 1 ms step deadline; its neighbours then wait
 // for it past their 3 s deadlines: a silent neighbour) commits nothing: no CommitStage from any
 // stage of its replica, and the round is not aggregated. Every failed run is logged and the unit

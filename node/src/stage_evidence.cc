@@ -364,9 +364,14 @@ void StageEvidence::Withdraw(const StageStepRef& ref) {
 }
 
 size_t StageEvidence::WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round) {
+  return WithdrawIf(task, [round](const StageStepRef& ref) { return ref.round < round; });
+}
+
+size_t StageEvidence::WithdrawIf(const protocol::TaskId& task,
+                                 const std::function<bool(const StageStepRef&)>& drop) {
   std::lock_guard<std::mutex> lock(mu_);
   return std::erase_if(steps_, [&](const auto& kv) {
-    if (kv.first.task != task || kv.first.round >= round) return false;
+    if (kv.first.task != task || !drop(kv.first)) return false;
     DeleteFiles(kv.second);
     return true;
   });

@@ -112,7 +112,7 @@ Status PinKeeper::ReleaseTask(const Hash256& task, const Hash256& final_state) {
   return Status::Ok();
 }
 
-Status PinKeeper::ReviewPins() {
+Status PinKeeper::ReviewPins(const NodeWork& work) {
   last_review_height_ = node_->height();
   ML_RETURN_IF_ERROR(AdoptUploads());
   const std::map<PinBook::UnitKey, uint32_t> units = node_->book().Units();
@@ -168,12 +168,14 @@ Status PinKeeper::ReviewPins() {
     // "Fraud proofs after the fact"); a redo needs no delta or checkpoint of the rounds it
     // re-runs.
     const uint32_t finalized = gone ? 0 : info->rounds_settled;
-    // Stage evidence goes with its round's finality, as the ledger counts a stage node's disk
-    // (its units of rounds not final, on open tasks: ledger StageDiskHeld); a closed task's all
-    // at once: a finished task's rounds are all final, and a cancelled task's units are never
+    // Stage evidence goes with its round's finality, or once the ledger no longer counts its
+    // unit as this node's (`work`'s stage_units), as the ledger counts a stage node's disk (its
+    // units of rounds not final, on open tasks: ledger StageDiskHeld); a closed task's all at
+    // once: a finished task's rounds are all final, and a cancelled task's units are never
     // checked or paid (nor is it reopened), so nothing replays them.
     const bool open = !gone && info->status == ledger::TaskStatus::kOpen;
-    stager_->ReleaseEvidence(task, open ? finalized : UINT32_MAX);
+    stager_->ReleaseEvidence(task, open ? finalized : UINT32_MAX,
+                             work.stage_units ? &*work.stage_units : nullptr);
     ML_ASSIGN_OR_RETURN(
         size_t freed, node_->book().Remove([&](const Hash256&, const std::string& r) {
           std::string kind;

@@ -36,8 +36,9 @@ class PinKeeper {
   bool Due() const {
     return node_->height() >= last_review_height_ + std::max<uint64_t>(node_->options().gc_every_blocks, 1);
   }
-  // One get_task per task the node holds something of.
-  Status ReviewPins();
+  // One get_task per task the node holds something of. `work`: node_work at this height (its
+  // stage_units: the stage units whose files the node keeps, Stager::ReleaseEvidence).
+  Status ReviewPins(const NodeWork& work);
 
  private:
   Status AdoptUploads();

@@ -475,16 +475,29 @@ void Stager::DropHeld() {
   held_.reset();
 }
 
-void Stager::ReleaseEvidence(const Hash256& task, uint32_t finalized) {
-  // A held run of a final round: no replica of it resumes (its files go with the round's below).
-  if (held_ && held_->a.task_id == task && held_->a.round < finalized) held_.reset();
-  const size_t freed = evidence_.WithdrawRoundsBefore(task, finalized);
-  // Its neighbours' checkpoints of those rounds too: no replica of a final round resumes.
+void Stager::ReleaseEvidence(const Hash256& task, uint32_t finalized,
+                             const std::vector<HeldStageUnit>* held) {
+  // A step goes when its round is final, or when the ledger no longer counts its unit as this
+  // node's.
+  auto drop = [&](uint32_t round, uint32_t replica, uint32_t stage) {
+    if (round < finalized) return true;
+    if (held == nullptr) return false;
+    const HeldStageUnit unit{.task_id = task, .round = round, .replica = replica, .stage = stage};
+    return std::find(held->begin(), held->end(), unit) == held->end();
+  };
+  // A held run that goes: no replica of it resumes (its files go with the others below).
+  if (held_ && held_->a.task_id == task &&
+      drop(held_->a.round, held_->a.stage->replica, held_->a.stage->stage)) {
+    held_.reset();
+  }
+  const size_t freed = evidence_.WithdrawIf(
+      task, [&](const StageStepRef& ref) { return drop(ref.round, ref.replica, ref.stage); });
+  // Its neighbours' checkpoints of final rounds too: no replica of a final round resumes.
   host_.WithdrawKeptBefore(task, finalized);
   node_->stats().stage_evidence_bytes = evidence_.bytes();
   if (freed != 0) {
     node_->Log("task " + task.ShortHex() + ": no longer serving " + std::to_string(freed) +
-               " stage step(s) of its final rounds");
+               " stage step(s) of its final rounds or of units no longer this node's");
   }
 }
 

@@ -58,8 +58,8 @@
 //                       outcome}}) (status: pending | assigned | committed | verified | failed |
 //                       cancelled; index = round * units_per_round + shard)
 //   node_work         {id: node key HEX}                -> what the node must do now:
-//                     {height, next_secret_index, units: [{task_id, index, round, shard,
-//                       deadline_height, start_state, spec_hash, assignment_beacon, stage?:
+//                     {height, next_secret_index, stage_units, units: [{task_id, index, round,
+//                       shard, deadline_height, start_state, spec_hash, assignment_beacon, stage?:
 //                       {replica, stage, chain: [{node, endpoint}]}}],
 //                       aggregations: [{task_id, round, deadline_height, start_state, spec_hash,
 //                       units: [{index, shard, node, result_hash, commitment?,
@@ -86,6 +86,10 @@
 //                     stage waits for a node; docs/protocol.md "Pipeline stage units"). A
 //                     pipeline task's aggregation inputs have `commitment` and
 //                     `stage_commits` (HEX or null), as get_task's unit records.
+//                     stage_units: [{task_id, round, replica, stage}], the node's stage units
+//                     whose files the ledger counts against its declared disk (assigned,
+//                     committed or paid, in a round not yet final, of an open task:
+//                     NodeView::disk_held_bytes); the node deletes the files of its others.
 //   referee_work      {}                                -> {height, disputes: [unit JSON with
 //                       "check".dispute.referee, start_state, spec_hash]}: disputes waiting
 //                     for the referee's RuleDispute

@@ -262,11 +262,25 @@ struct CheckAssignment {
   // The served step of game step `step`, or nullptr.
   const ServedStageStep* ServedStep(uint64_t step) const;
 };
+// A stage unit the ledger counts as the node's against its declared disk (node_work's
+// stage_units; ledger NodeView::disk_held_bytes).
+struct HeldStageUnit {
+  Hash256 task_id;
+  uint32_t round = 0;
+  uint32_t replica = 0;
+  uint32_t stage = 0;
+  auto operator<=>(const HeldStageUnit&) const = default;
+};
+
 struct NodeWork {
   uint64_t height = 0;
   std::vector<UnitAssignment> units;
   std::vector<AggregationAssignment> aggregations;
   std::vector<CheckAssignment> checks;
+  // The stage units (of every open task) whose files the ledger counts against the node's disk:
+  // assigned to it, committed or paid, in rounds not yet final. The node deletes the stage files
+  // of its other runs (PinKeeper). Empty (nullopt) from a ledger that does not list them.
+  std::optional<std::vector<HeldStageUnit>> stage_units;
   // The secret chain index the node's next CommitUnit must carry (one more per commit in
   // flight).
   uint64_t next_secret_index = 0;

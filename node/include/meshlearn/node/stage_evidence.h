@@ -58,6 +58,7 @@
 
 #include <compare>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -133,6 +134,10 @@ class StageEvidence {
   // Stops serving every step of `task` in a round before `round` (rounds [0, round) are final;
   // UINT32_MAX: the whole task), and deletes their files. Returns the steps withdrawn.
   size_t WithdrawRoundsBefore(const protocol::TaskId& task, uint32_t round);
+  // The same of every step of `task` that `drop` is true of (its published and its pending
+  // checkpoint alike). `drop` runs with the evidence's lock held: it must not call back into it.
+  size_t WithdrawIf(const protocol::TaskId& task,
+                    const std::function<bool(const StageStepRef&)>& drop);
   // The bytes of the steps served: commits (in memory: memory_bytes()), checkpoint files and
   // tensor files (on disk: checkpoint_file_bytes() and tensor_file_bytes(), a tensor counted once
   // however many steps list it).
