@@ -453,6 +453,8 @@ bool NodeAgent::FitsBeside(uint64_t unit_need, uint64_t replay_need) const {
   return unit_need + replay_need <= solver_->MemoryBytes();
 }
 
+bool NodeAgent::stage_unit_running() const { return stager_->running() && !stager_->run_ended(); }
+
 bool NodeAgent::WaitsForStageUnit(const VerifyJob& job, uint64_t height) {
   if (!stager_->running()) return false;
   const uint64_t need = StageReplayNeed(job);

@@ -447,11 +447,11 @@ TEST(PipelineNetworkTest, AStageWhoseStepsFailCommitsNothingOfItsReplica) {
 // verifies every stage unit (VerifyingPipelineSimOptions): the verifiers replay every step of the
 // resumed replica's stage units, the recomputed ones and the kept ones with their swapped
 // records, against the new chain; none is fraud and no node is slashed. With `deadline_first` the
-// ledger replaces the killed node only after 1,000 blocks without its heartbeat (liveness_blocks),
-// and the test makes blocks slowly until each kept stage's step deadline has failed its run on the
-// old chain and its run again on that chain (which can train nothing without the lost node) has
-// failed too: the kept stages still hold steps 0..k-1 (Stager's Held, their stages loaded again
-// from their failed step's checkpoint) and the replica resumes at k all the same.
+// test ticks the nodes without making a block (so the ledger cannot replace the killed node yet)
+// until each kept stage's step deadline has failed its run on the old chain and its run again on
+// that chain (which can train nothing without the lost node) has failed too: the kept stages still
+// hold steps 0..k-1 (Stager's Held, their stages loaded again from their failed step's checkpoint)
+// and the replica resumes at k all the same.
 struct LoseAStage {
   bool kill = true;
   bool resume_fails = false;
@@ -474,12 +474,6 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
   opt.nodes = 7;
   opt.node_options.resize(7);
   opt.node_options[6].speed_factor = 0.25;
-  if (how.deadline_first) {
-    opt.tweak_genesis = [base = opt.tweak_genesis](ledger::Genesis& g) {
-      base(g);
-      g.params.liveness_blocks = 1'000;
-    };
-  }
   std::mutex mu;
   std::condition_variable cv;
   int victim = -1;  // the node held in replica 0's lost stage, round 0, step 1
@@ -607,10 +601,11 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
     release(/*others=*/!how.verifying);
     sim.Kill(lost);
     if (how.deadline_first) {
-      // Blocks 25 ms apart (1,000 of them before the ledger replaces the killed node: over 25 s)
-      // until each kept stage's node logged two failed runs of the unit (its step deadline on the
-      // old chain, then its run again there): both before the replacement, which the test
-      // asserts rather than assumes.
+      // Ticks and no block (SimHarness::TickAll), 25 ms apart, until each kept stage's node
+      // logged two failed runs of the unit (its step deadline on the old chain, then its run
+      // again there): the ledger, which replaces the killed node after liveness_blocks, makes no
+      // block meanwhile, so both fail before the replacement however slowly the machine runs.
+      // (Blocks 25 ms apart, with liveness_blocks 1,000, raced the two 5 s deadlines.)
       auto failed_twice = [&] {
         std::lock_guard<std::mutex> lock(mu);
         for (uint32_t st : kept_stages) {
@@ -631,13 +626,14 @@ void LoseAStageNodeMidStep(const LoseAStage& how, uint64_t seed, const std::stri
                  std::get<2>(r).find(gone) == std::string::npos;
         });
       };
-      for (int b = 0; b < 900 && !failed_twice() && !on_new_chain(); ++b) {
-        Status stepped = sim.Step();
-        ASSERT_TRUE(stepped.ok()) << stepped.ToString();
+      const uint64_t height = sim.height();
+      for (int t = 0; t < 4'000 && !failed_twice(); ++t) {  // 100 s: a hang, not a race
+        Status ticked = sim.TickAll();
+        ASSERT_TRUE(ticked.ok()) << ticked.ToString();
         std::this_thread::sleep_for(std::chrono::milliseconds(25));
       }
-      ASSERT_FALSE(on_new_chain()) << "the ledger replaced the killed node before the kept "
-                                      "stages' step deadlines fired";
+      ASSERT_EQ(sim.height(), height);
+      ASSERT_FALSE(on_new_chain()) << "a kept stage ran on a new chain before the replacement";
       ASSERT_TRUE(failed_twice()) << "the kept stages' runs on the old chain did not fail twice";
     }
     // On a verifying chain the killed node stays active (its stake is whole): it is not drawn
@@ -1105,25 +1101,33 @@ TEST(PipelineNetworkTest, UnderAMemoryLimitAStageCheckWaitsForTheNodesOwnStageUn
   }
   ASSERT_TRUE(a_replica_1_node_met_a_check()) << "no check fell to a node of the held replica";
   release();
-  // Every check that waited is replayed once its node's unit has ended (seconds): a check dropped
-  // instead would hold the task until its verdict window closes (a million blocks here).
-  auto waiting = [&] {
+  // Every check that waited is replayed once its node's unit has ended: a check dropped instead
+  // would hold the task until its verdict window closes (a million blocks here). The bound counts
+  // the blocks in which a check that waited could run (its node's unit had ended since), not those
+  // in which the held replica still trains: those take wall-clock time, which blocks made as fast
+  // as the loop turns do not measure (a bound on all blocks raced that training on a loaded
+  // machine).
+  auto waiting = [&](bool could_run) {
     std::lock_guard<std::mutex> lock(mu);
     std::vector<std::string> left;
     for (const auto& [node, l] : logs) {
       for (const auto& [check, ended] : l.waited) {
-        if (l.verdicts.count(check) == 0) left.push_back(std::to_string(node) + ": " + check);
+        if (l.verdicts.count(check) == 0 && (!could_run || l.units_ended > ended)) {
+          left.push_back(std::to_string(node) + ": " + check);
+        }
       }
     }
     return left;
   };
-  for (int b = 0; b < 1'000 && !waiting().empty(); ++b) {
+  int could_run = 0;  // blocks in which a check that waited could run
+  for (int b = 0; b < 20'000 && !waiting(false).empty() && could_run < 1'000; ++b) {
+    if (!waiting(true).empty()) ++could_run;
     Status stepped = sim.Step();
     ASSERT_TRUE(stepped.ok()) << stepped.ToString();
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  ASSERT_TRUE(waiting().empty()) << "waited for the node's stage unit and never ran: "
-                                 << ::testing::PrintToString(waiting());
+  ASSERT_TRUE(waiting(false).empty()) << "waited for the node's stage unit and never ran: "
+                                      << ::testing::PrintToString(waiting(false));
   ASSERT_TRUE(RunToTheEnd(sim, 40'000)) << sim.Task(true).dump().substr(0, 4000);
   Result<GlobalState> final_state = sim.FinalState();
   ASSERT_TRUE(final_state.ok()) << final_state.status().ToString();
@@ -1266,12 +1270,30 @@ void PlayATraceBesideAHeldStageUnit(const std::string& dir, uint64_t busy_blocks
     std::function<void()> release;
     ~Releaser() { release(); }
   } releaser{release};
+  // Once the node stopped its unit for the trace, no block is made until the unit's thread has
+  // ended (it ends as soon as it runs again: its hold lets go and its plane is cancelled). Blocks
+  // made as fast as the loop turns while that thread waited for a core counted against the turn:
+  // on a loaded machine the trace ran tens of blocks late, where the daemon's blocks come seconds
+  // apart.
+  bool stop_seen = false;
   auto step_until = [&](int max_blocks, const std::function<bool()>& done) {
     for (int b = 0; b < max_blocks; ++b) {
+      int stopped_node = -1;
       {
         std::lock_guard<std::mutex> lock(mu);
         if (done()) return true;
         ++block;
+        if (!stop_seen && seen.stopped >= 0) {
+          stop_seen = true;
+          stopped_node = challenger;
+        }
+      }
+      for (int w = 0; stopped_node >= 0 && sim.agent(stopped_node)->stage_unit_running(); ++w) {
+        if (w == 60'000) {  // a minute: a hang, not a race
+          ADD_FAILURE() << "the unit stopped for the trace did not end";
+          return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       Status stepped = sim.Step();
       if (!stepped.ok()) {

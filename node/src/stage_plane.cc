@@ -172,6 +172,11 @@ StagePlaneStats StagePlane::stats() const {
   return stats_;
 }
 
+bool StagePlane::awaiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !(awaited_ == protocol::StageTensorKey());
+}
+
 std::vector<ledger::NodeLink> MeasuredLinks(const StagePlaneStats& stats,
                                             std::span<const protocol::NodeId> chain) {
   std::vector<ledger::NodeLink> out;

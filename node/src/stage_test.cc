@@ -962,7 +962,9 @@ TEST(StagePlaneTest, AStageThatStopsAnsweringFailsTheStepByItsDeadline) {
 
 // A stage unit no longer assigned (its round re-ran) is cancelled (Stager): the receive it waits
 // on fails at once, and so does every later step, instead of holding the node until the step's
-// deadline (here ten minutes: the test would time out if Cancel did nothing).
+// deadline (here ten minutes: the test would time out if Cancel did nothing). The plane is
+// cancelled once the receive waits (StagePlane::awaiting), not after a pause that a loaded machine
+// can outlast before the receive starts (then it would test a receive begun after the Cancel).
 TEST(StagePlaneTest, ACancelledPlaneFailsItsWaitingReceiveAndEveryLaterStep) {
   const StageContext ctx = StageCtx();
   StagePlaneOptions opt;
@@ -970,14 +972,16 @@ TEST(StagePlaneTest, ACancelledPlaneFailsItsWaitingReceiveAndEveryLaterStep) {
   std::vector<std::unique_ptr<StageNode>> nodes = StageNodes(ctx, opt);
   StagePlane& plane = *nodes[1]->plane;
   plane.BeginStep(0);
+  EXPECT_FALSE(plane.awaiting());
   std::thread canceller([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the receive is waiting
+    while (!plane.awaiting()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     plane.Cancel();
   });
   StageTransfer record;
   Result<std::vector<float>> got =
       plane.link()->Receive(ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, 0, 0), &record);
   canceller.join();
+  EXPECT_FALSE(plane.awaiting());
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition) << got.status().ToString();
   EXPECT_NE(got.status().message().find("cancelled (no longer assigned)"), std::string::npos)

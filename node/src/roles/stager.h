@@ -68,6 +68,8 @@ class Stager {
   // The stage units of `work` to start: not running, not committing, not committed.
   std::vector<const UnitAssignment*> Pending(const NodeWork& work) const;
   bool running() const { return run_ != nullptr; }
+  // The running unit's thread has ended: its outcome waits for the next Collect.
+  bool run_ended() const { return run_ && run_->done.load(std::memory_order_acquire); }
   // Stops the running unit (StagePlane::Cancel: the step it is in fails and changes no weight),
   // logging `why`, for a dispute move that can no longer wait for it to end
   // (NodeAgent::WaitsForStageUnit): its stage is not kept for a resume, so that once the run

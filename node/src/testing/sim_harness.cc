@@ -350,6 +350,13 @@ Status SimHarness::Step() {
   clock_.AdvanceMillis(options_.block_interval_ms);
   ML_RETURN_IF_ERROR(sequencer_->ProduceOnce().status());
   ML_RETURN_IF_ERROR(shared_->With([](ledger::Chain& c) { return c.CheckInvariants(); }));
+  ML_RETURN_IF_ERROR(TickAll());
+  if (referee_) ML_RETURN_IF_ERROR(referee_->Poll().status());
+  if (options_.on_block) options_.on_block(height());
+  return Status::Ok();
+}
+
+Status SimHarness::TickAll() {
   for (size_t i = 0; i < agents_.size(); ++i) {
     NodeAgent* a = agents_[i].get();
     if (!a) continue;
@@ -363,8 +370,6 @@ Status SimHarness::Step() {
     }
     if (!r.ok()) return r.status().WithPrefix("node " + a->id().ShortHex());
   }
-  if (referee_) ML_RETURN_IF_ERROR(referee_->Poll().status());
-  if (options_.on_block) options_.on_block(height());
   return Status::Ok();
 }
 

@@ -147,6 +147,11 @@ class SimHarness {
                           std::chrono::milliseconds pause = std::chrono::milliseconds(0));
   // One block and one Tick of every live agent.
   Status Step();
+  // One Tick of every live agent and no block, as a node's timer ticks between blocks: a test
+  // that waits for something the stage threads do in wall-clock time (a step deadline) before
+  // something the ledger does after a number of blocks (a node replaced) ticks so, and the
+  // ledger cannot act first.
+  Status TickAll();
 
   // The node's network goes -- its server stops, the simulated net drops its messages -- while its
   // process runs on: what other nodes see of a kill -9. Kill(i) cuts it first. A test that holds

@@ -355,6 +355,9 @@ class NodeAgent {
   // Why this agent could not start (the pin book did not load); Tick returns it too.
   const Status& init_status() const { return init_status_; }
   PinBook* pin_book() { return book_.get(); }
+  // Whether a stage unit's thread runs now: started and not yet ended (one that ended is collected,
+  // committed or dropped, at the next Tick). On the Tick thread, between ticks.
+  bool stage_unit_running() const;
   TxSender& tx_sender() { return *tx_; }
 
  private:

@@ -249,6 +249,9 @@ class StagePlane {
   // the step's tensors in memory. Call it once the step ended.
   std::map<Hash256, Bytes> TakeStepTensors();
   StagePlaneStats stats() const;
+  // Whether a receive waits for a tensor now (a test that stops the plane under it waits for
+  // this, rather than guess how long the receive takes to start waiting). Thread-safe.
+  bool awaiting() const;
 
   // The handlers of "stage.push" and "stage.keep" (public for tests that drive them without
   // HTTP).
