@@ -285,8 +285,8 @@ TEST(Cli, EveryCommandTheDocsShowNamesFlagsItsHelpLists) {
   // paths it names exist.
   auto check = [&](const DocCommand& c) {
     ++commands;
-    std::string shown;
-    for (const std::string& t : c.tokens) shown += " " + t;
+    std::string shown;  // "meshlearn task fetch ..."
+    for (const std::string& t : c.tokens) shown += (shown.empty() ? "" : " ") + t;
     std::string path;  // the subcommand reached so far ("" is the root)
     bool positional_seen = false;
     for (size_t i = 1; i < c.tokens.size(); ++i) {
@@ -305,14 +305,14 @@ TEST(Cli, EveryCommandTheDocsShowNamesFlagsItsHelpLists) {
         }
         ++flags;
         if (at == std::string::npos) {
-          ADD_FAILURE() << c.where << ": `meshlearn" << shown << "`: `meshlearn " << path
-                        << "` has no " << flag << " (its --help:\n"
+          ADD_FAILURE() << c.where << ": `" << shown << "`: `meshlearn " << path << "` has no "
+                        << flag << " (its --help:\n"
                         << help_of(path) << ")";
           continue;
         }
         if (TakesValue(*help, at, flag) && t.find('=') == std::string::npos) {
           if (i + 1 >= c.tokens.size() || c.tokens[i + 1].starts_with("-")) {
-            ADD_FAILURE() << c.where << ": `meshlearn" << shown << "`: " << flag
+            ADD_FAILURE() << c.where << ": `" << shown << "`: " << flag
                           << " takes a value and is shown without one";
           } else {
             const std::string value = c.tokens[++i];
@@ -342,8 +342,8 @@ TEST(Cli, EveryCommandTheDocsShowNamesFlagsItsHelpLists) {
         const std::string alt = t.substr(a, b - a);
         if (first.empty()) first = alt;
         EXPECT_NE(std::find(subs.begin(), subs.end(), alt), subs.end())
-            << c.where << ": `meshlearn" << shown << "`: `meshlearn " << path
-            << "` has no subcommand " << alt;
+            << c.where << ": `" << shown << "`: `meshlearn " << path << "` has no subcommand "
+            << alt;
       }
       path += (path.empty() ? "" : " ") + first;
     }
@@ -422,6 +422,34 @@ TEST(Cli, EveryCommandTheDocsShowNamesFlagsItsHelpLists) {
   EXPECT_GE(flags, 150u);
   EXPECT_GE(paths, 100u);
   std::printf("checked %zu commands, %zu flags, %zu paths\n", commands, flags, paths);
+}
+
+// The README says what `bash scripts/run.sh` runs: that command line is the script's `exec
+// "$bin" devnet ...` (its --out and "$@" aside), so the two cannot drift apart.
+TEST(Cli, TheReadmeShowsTheDevnetCommandScriptsRunShRuns) {
+  const std::string readme = ReadText(MESHLEARN_SOURCE_DIR "/README.md");
+  const std::string lead = "`scripts/run.sh` runs `";
+  const size_t at = readme.find(lead);
+  ASSERT_NE(at, std::string::npos) << "README.md no longer says " << lead << "...`";
+  std::string shown =
+      readme.substr(at + lead.size(), readme.find('`', at + lead.size()) - at - lead.size());
+  for (char& c : shown)
+    if (c == '\n') c = ' ';
+  std::string script = ReadText(MESHLEARN_SOURCE_DIR "/scripts/run.sh");
+  for (size_t p; (p = script.find("\\\n")) != std::string::npos;) script.replace(p, 2, " ");
+  std::vector<std::string> runs;
+  std::istringstream lines(script);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with("exec \"$bin\" devnet")) continue;
+    runs = ShellTokens(line);
+    runs.erase(runs.begin());  // exec
+    runs.front() = "meshlearn";
+  }
+  ASSERT_FALSE(runs.empty()) << "scripts/run.sh has no `exec \"$bin\" devnet` line";
+  std::erase(runs, "$@");
+  const auto out = std::find(runs.begin(), runs.end(), "--out");
+  if (out != runs.end()) runs.erase(out, out + 2);
+  EXPECT_EQ(ShellTokens(shown), runs) << "README.md shows: " << shown;
 }
 
 // devnet --help names every adversary mode a node accepts (node/src/adversary.cc's kNames; each
