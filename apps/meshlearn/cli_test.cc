@@ -452,6 +452,51 @@ TEST(Cli, TheReadmeShowsTheDevnetCommandScriptsRunShRuns) {
   EXPECT_EQ(ShellTokens(shown), runs) << "README.md shows: " << shown;
 }
 
+// The body of the first ```toml block after `marker` in `text`; empty if there is none.
+std::string TomlBlockAfter(const std::string& text, const std::string& marker) {
+  const size_t at = text.find(marker);
+  if (at == std::string::npos) return "";
+  const size_t open = text.find("```toml\n", at);
+  if (open == std::string::npos) return "";
+  const size_t body = open + 8;
+  const size_t close = text.find("\n```", body);
+  return close == std::string::npos ? "" : text.substr(body, close + 1 - body);
+}
+
+// The configuration the docs show is accepted as shown: operators.md's node.toml (`node init`
+// checks every key) and diloco.md's [network] table (with examples/fashion-mlp.toml's engine
+// tables, by `task submit --dry-run`). diloco.md once showed stages = 1 with a 5-bound cut,
+// which every task file copying it was refused for.
+TEST(Cli, TheConfigFilesTheDocsShowAreAccepted) {
+  const std::string dir = TempHome();
+  std::string node = TomlBlockAfter(ReadText(MESHLEARN_SOURCE_DIR "/docs/operators.md"),
+                                    "`node.toml` (every key is checked");
+  ASSERT_NE(node, "") << "docs/operators.md no longer shows node.toml";
+  // Its data_dir (~/.meshlearn/node) becomes one of this test's.
+  const size_t data_dir = node.find("data_dir = ");
+  ASSERT_NE(data_dir, std::string::npos) << node;
+  node.replace(data_dir, node.find('\n', data_dir) - data_dir, "data_dir = \"node-data\"");
+  std::ofstream(dir + "/node.toml") << node;
+  CmdResult init = Meshlearn("node init --config " + dir + "/node.toml", dir);
+  EXPECT_EQ(init.code, 0) << node << init.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/node-data/keys/node.key.json")) << init.out;
+
+  if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good())
+    GTEST_SKIP() << "Fashion-MNIST (dataset-fashion-mnist) not installed";
+  const std::string network =
+      TomlBlockAfter(ReadText(MESHLEARN_SOURCE_DIR "/docs/diloco.md"), "# Network tasks");
+  ASSERT_NE(network.find("[network]"), std::string::npos) << "docs/diloco.md: " << network;
+  std::string task = ReadText(MESHLEARN_SOURCE_DIR "/examples/fashion-mlp.toml");
+  ASSERT_NE(task.find("\n[network]"), std::string::npos);
+  task = task.substr(0, task.find("\n[network]") + 1) + network;
+  std::ofstream(dir + "/diloco-network.toml") << task;
+  // No ledger at --rpc: the checks run for the default chain parameters.
+  CmdResult dry = Meshlearn(
+      "task submit " + dir + "/diloco-network.toml --dry-run --rpc http://127.0.0.1:1", dir);
+  EXPECT_EQ(dry.code, 0) << network << dry.out;
+  EXPECT_NE(dry.out.find("is valid"), std::string::npos) << dry.out;
+}
+
 // devnet --help names every adversary mode a node accepts (node/src/adversary.cc's kNames; each
 // is accepted by --adversary: docs/operators.md, "Adversary modes").
 TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
