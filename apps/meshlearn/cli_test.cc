@@ -497,6 +497,61 @@ TEST(Cli, TheConfigFilesTheDocsShowAreAccepted) {
   EXPECT_NE(dry.out.find("is valid"), std::string::npos) << dry.out;
 }
 
+// Every section a doc sends the reader to by name (`docs/verification.md, "Rounds in flight"`,
+// `submitters.md "Assurance"`) is there: a heading holding the name, or a paragraph led by it in
+// bold or italics (`**Memory a node needs.**`). A renamed section fails here, not a reader.
+TEST(Cli, EverySectionTheDocsNameExists) {
+  std::map<std::string, std::string> docs;  // "docs/node.md" -> its text
+  for (const std::string& rel : DocFiles()) docs[rel] = ReadText(MESHLEARN_SOURCE_DIR "/" + rel);
+  auto has_section = [](const std::string& text, const std::string& name) {
+    if (text.find("*" + name) != std::string::npos) return true;  // **Name.** or *Name*
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with("#") && line.find(name) != std::string::npos) return true;
+    }
+    return false;
+  };
+  size_t checked = 0;
+  for (const auto& [rel, text] : docs) {
+    for (size_t md = text.find(".md"); md != std::string::npos; md = text.find(".md", md + 1)) {
+      size_t start = md;
+      while (start > 0 && (std::islower(static_cast<unsigned char>(text[start - 1])) ||
+                           text[start - 1] == '_' || text[start - 1] == '/'))
+        --start;
+      std::string target = text.substr(start, md + 3 - start);
+      if (target == ".md") continue;
+      if (!target.starts_with("docs/") && target != "README.md") target = "docs/" + target;
+      size_t at = md + 3;
+      if (at < text.size() && text[at] == ',') ++at;
+      // One or more "Name" after it: `docs/x.md, "A", "B"`; a name may wrap a line.
+      for (;;) {
+        while (at < text.size() && (text[at] == ' ' || text[at] == '\n')) ++at;
+        if (at >= text.size() || text[at] != '"') break;
+        const size_t close = text.find('"', at + 1);
+        if (close == std::string::npos) break;
+        std::string name;
+        for (size_t i = at + 1; i < close; ++i) {
+          const char c = text[i] == '\n' ? ' ' : text[i];
+          if (c != ' ' || (!name.empty() && name.back() != ' ')) name += c;
+        }
+        const size_t line = 1 + std::count(text.begin(), text.begin() + at, '\n');
+        auto doc = docs.find(target);
+        if (doc == docs.end()) {
+          ADD_FAILURE() << rel << ":" << line << ": names " << target << ", which is not a doc";
+          break;
+        }
+        ++checked;
+        EXPECT_TRUE(has_section(doc->second, name))
+            << rel << ":" << line << ": " << target << " has no section \"" << name << "\"";
+        at = close + 1;
+        if (at < text.size() && text[at] == ',') ++at;
+      }
+    }
+  }
+  // 115 references when this test was written: a parser that finds none fails.
+  EXPECT_GE(checked, 100u);
+}
+
 // devnet --help names every adversary mode a node accepts (node/src/adversary.cc's kNames; each
 // is accepted by --adversary: docs/operators.md, "Adversary modes").
 TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
