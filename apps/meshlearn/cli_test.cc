@@ -94,6 +94,7 @@ TEST(Cli, EveryCommandsHelpShowsExamples) {
 struct DocCommand {
   std::string where;                // "docs/keys.md:9"
   std::vector<std::string> tokens;  // from "meshlearn" on
+  bool from_help = false;           // an example of a command's --help, not a doc's
 };
 
 // Splits a shell-like line on blanks, keeping "double quoted" text as one token (quotes dropped).
@@ -280,6 +281,7 @@ TEST(Cli, EveryCommandTheDocsShowNamesFlagsItsHelpLists) {
     return helps[path] = r.out;
   };
   size_t commands = 0, flags = 0, paths = 0;
+  std::map<std::pair<std::string, std::string>, std::string> doc_flags;  // {command, flag} -> where
   // One command line as `where` shows it: its subcommands exist, its flags are options of the
   // subcommand they follow (or global ones), a flag that takes a value has one, and the repository
   // paths it names exist.
@@ -304,6 +306,8 @@ TEST(Cli, EveryCommandTheDocsShowNamesFlagsItsHelpLists) {
           at = OptionIn(*help, flag);
         }
         ++flags;
+        if (at != std::string::npos && help == &help_of(path) && !c.from_help)
+          doc_flags.emplace(std::make_pair(path, flag), c.where);
         if (at == std::string::npos) {
           ADD_FAILURE() << c.where << ": `" << shown << "`: `meshlearn " << path << "` has no "
                         << flag << " (its --help:\n"
@@ -394,13 +398,33 @@ TEST(Cli, EveryCommandTheDocsShowNamesFlagsItsHelpLists) {
         b = line.find("&&", a);
         if (b == std::string::npos) b = line.size();
         std::vector<std::string> tokens = MeshlearnTokens(line.substr(a, b - a));
-        if (!tokens.empty()) check({"meshlearn " + path + " --help", tokens});
+        if (!tokens.empty()) check({"meshlearn " + path + " --help", tokens, true});
       }
     }
   }
   EXPECT_GE(commands - doc_commands, 40u)
       << "examples found in the --help of " << tree.size() << " commands";
   commands = doc_commands;
+  // A flag the docs show is shown by its command's --help examples too (house rule: --help shows
+  // examples), but the global flags (--json, --home) and --rpc, which every command that talks to
+  // a ledger takes.
+  for (const auto& [command_flag, where] : doc_flags) {
+    const auto& [path, flag] = command_flag;
+    if (path.empty() || flag == "--rpc") continue;
+    const std::string& help = help_of(path);
+    const size_t examples = help.find("Examples:");
+    bool shown = false;
+    for (size_t at = help.find(flag, examples);
+         examples != std::string::npos && !shown && at != std::string::npos;
+         at = help.find(flag, at + 1)) {
+      const size_t end = at + flag.size();
+      shown = end == help.size() || !(std::isalnum(static_cast<unsigned char>(help[end])) ||
+                                      help[end] == '-' || help[end] == '_');
+    }
+    EXPECT_TRUE(shown) << where << " shows `meshlearn " << path << " ... " << flag
+                       << "`; no example of `meshlearn " << path << " --help` does:\n"
+                       << help;
+  }
   // The README is self-contained: it names no file outside the repository (an absolute path such
   // as /usr/share/..., or one under ~, would be one; an HTTP path such as /metrics is not a file).
   const std::string readme = ReadText(MESHLEARN_SOURCE_DIR "/README.md");
