@@ -166,7 +166,8 @@ std::vector<DocCommand> DocCommands(const std::string& rel, const std::string& t
       continue;
     }
     if (!fenced) {
-      for (char c : line) prose_lines.push_back(number), prose += c;
+      prose += line;
+      prose_lines.insert(prose_lines.end(), line.size(), number);
       prose += '\n';
       prose_lines.push_back(number);
       continue;
