@@ -5,9 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -79,6 +82,511 @@ TEST(Cli, EveryCommandsHelpShowsExamples) {
   }
   // The command tree: 12 commands, and the subcommands of keys, chain, wallet, task and node.
   EXPECT_GE(checked, 40u);
+}
+
+// ---- The commands the docs show, checked against the binary.
+//
+// README.md and docs/*.md show `meshlearn ...` command lines (```sh blocks, inline code spans)
+// and name files of the repository. Every subcommand a doc shows must exist, every --flag must be
+// one its command's --help lists, with a value where the flag takes one, and every repository path
+// a doc names must exist: a flag renamed or a file moved fails here, not in a newcomer's shell.
+
+struct DocCommand {
+  std::string where;                // "docs/keys.md:9"
+  std::vector<std::string> tokens;  // from "meshlearn" on
+  bool from_help = false;           // an example of a command's --help, not a doc's
+};
+
+// Splits a shell-like line on blanks, keeping "double quoted" text as one token (quotes dropped).
+std::vector<std::string> ShellTokens(const std::string& line) {
+  std::vector<std::string> tokens;
+  std::string cur;
+  bool quoted = false, any = false;
+  for (char c : line) {
+    if (c == '"') {
+      quoted = !quoted;
+      any = true;
+    } else if (!quoted && (c == ' ' || c == '\t')) {
+      if (any) tokens.push_back(cur);
+      cur.clear();
+      any = false;
+    } else {
+      cur += c;
+      any = true;
+    }
+  }
+  if (any) tokens.push_back(cur);
+  return tokens;
+}
+
+// The command in `line` from its "meshlearn" (or ".../meshlearn") token up to a comment or the
+// end of a shell command (|, &&, ;, >); empty when the line runs no meshlearn.
+std::vector<std::string> MeshlearnTokens(const std::string& line) {
+  std::vector<std::string> all = ShellTokens(line), out;
+  size_t i = 0;
+  // "meshlearn", or the built binary ("build/apps/meshlearn"; not the folder apps/meshlearn, nor
+  // MESHLEARN_BIN=... naming it for a script).
+  auto is_bin = [](const std::string& t) {
+    return t == "meshlearn" ||
+           (t.ends_with("/meshlearn") && t.find("build/") != std::string::npos &&
+            t.find('=') == std::string::npos);
+  };
+  while (i < all.size() && !is_bin(all[i])) ++i;
+  for (; i < all.size(); ++i) {
+    const std::string& t = all[i];
+    if (t.starts_with("#") || t == "|" || t == "&&" || t == ";" || t.starts_with(">") ||
+        t.starts_with("2>"))
+      break;
+    out.push_back(t);
+  }
+  return out;
+}
+
+// Every meshlearn command `text` (a Markdown file, `rel` its path) shows: the lines of its shell
+// blocks (```sh, ```bash, ```console or unmarked; a trailing backslash continues a line, a
+// leading "$ " is a prompt) and its inline code spans.
+std::vector<DocCommand> DocCommands(const std::string& rel, const std::string& text) {
+  std::vector<DocCommand> commands;
+  std::istringstream in(text);
+  std::string line, logical, prose;
+  bool fenced = false, shell = false;
+  int number = 0, logical_start = 0;
+  std::vector<int> prose_lines;  // prose[i]'s line number
+  while (std::getline(in, line)) {
+    ++number;
+    const size_t first = line.find_first_not_of(' ');
+    if (first != std::string::npos && line.compare(first, 3, "```") == 0) {
+      const std::string lang = line.substr(first + 3);
+      if (!fenced)
+        shell =
+            lang.empty() || lang == "sh" || lang == "bash" || lang == "console" || lang == "shell";
+      fenced = !fenced;
+      prose += '\n';
+      prose_lines.push_back(number);
+      continue;
+    }
+    if (!fenced) {
+      prose += line;
+      prose_lines.insert(prose_lines.end(), line.size(), number);
+      prose += '\n';
+      prose_lines.push_back(number);
+      continue;
+    }
+    if (!shell) continue;
+    if (logical.empty()) logical_start = number;
+    std::string part = line.substr(first == std::string::npos ? line.size() : first);
+    if (part.starts_with("$ ")) part = part.substr(2);
+    if (part.ends_with("\\")) {
+      logical += part.substr(0, part.size() - 1) + " ";
+      continue;
+    }
+    logical += part;
+    std::vector<std::string> tokens = MeshlearnTokens(logical);
+    if (!tokens.empty()) commands.push_back({rel + ":" + std::to_string(logical_start), tokens});
+    logical.clear();
+  }
+  // Inline code spans (they may wrap a line); a blank line ends a paragraph and any open span.
+  for (size_t open = prose.find('`'); open != std::string::npos;) {
+    const size_t close = prose.find('`', open + 1);
+    if (close == std::string::npos) break;
+    std::string span = prose.substr(open + 1, close - open - 1);
+    if (span.find("\n\n") != std::string::npos) {  // not a span: an unpaired backtick
+      open = prose.find('`', open + 1);
+      continue;
+    }
+    for (char& c : span)
+      if (c == '\n') c = ' ';
+    std::vector<std::string> tokens = MeshlearnTokens(span);
+    if (!tokens.empty())
+      commands.push_back({rel + ":" + std::to_string(prose_lines[open]), tokens});
+    open = prose.find('`', close + 1);
+  }
+  return commands;
+}
+
+// README.md and docs/*.md, relative to the source tree.
+std::vector<std::string> DocFiles() {
+  std::vector<std::string> files = {"README.md"};
+  for (const auto& e : std::filesystem::directory_iterator(MESHLEARN_SOURCE_DIR "/docs")) {
+    if (e.path().extension() == ".md") files.push_back("docs/" + e.path().filename().string());
+  }
+  std::sort(files.begin() + 1, files.end());
+  return files;
+}
+
+// The top-level folders of the repository: a token starting with one of them is a repo path.
+bool IsRepoPath(const std::string& t) {
+  for (const char* top :
+       {"apps/", "base/", "bench/", "cmake/", "docs/", "engine/", "examples/", "fuzz/", "ledger/",
+        "net/", "node/", "protocol/", "python/", "scripts/", "tests/", "tools/", ".ci/"}) {
+    if (t.starts_with(top) && t.size() > std::string(top).size()) return true;
+  }
+  return false;
+}
+
+// Whether the repo path a doc names exists. Docs name a library header by its library
+// ("node/adversary.h" is node/include/meshlearn/node/adversary.h), a source by its library
+// ("node/agent.cc" is node/src/agent.cc) and a benchmark by its program ("bench/ledger_bench").
+bool RepoPathExists(const std::string& p) {
+  const std::string src = MESHLEARN_SOURCE_DIR "/";
+  const size_t slash = p.find('/');
+  const std::string top = p.substr(0, slash), rest = p.substr(slash + 1);
+  for (const std::string& c :
+       {p, top + "/include/meshlearn/" + top + "/" + rest, top + "/src/" + rest, p + ".cc"}) {
+    if (std::filesystem::exists(src + c)) return true;
+  }
+  return false;
+}
+
+// The word `flag` ("--out") as an option of `help` (not as the prefix of a longer flag): the
+// position of its entry in the options list, npos if absent.
+size_t OptionIn(const std::string& help, const std::string& flag) {
+  for (size_t at = help.find(flag); at != std::string::npos; at = help.find(flag, at + 1)) {
+    const size_t end = at + flag.size();
+    const bool word_end =
+        end == help.size() || !(std::isalnum(static_cast<unsigned char>(help[end])) ||
+                                help[end] == '-' || help[end] == '_');
+    const size_t line_start = help.rfind('\n', at) + 1;  // npos + 1 == 0
+    const std::string lead = help.substr(line_start, at - line_start);
+    // An options-list entry: "  --out TEXT ..." or "  -o,--out TEXT ...".
+    const bool entry = lead.find_first_not_of(' ') == std::string::npos ||
+                       (lead.ends_with(",") && lead.find_first_not_of(' ') != std::string::npos &&
+                        lead[lead.find_first_not_of(' ')] == '-');
+    if (word_end && entry) return at;
+  }
+  return std::string::npos;
+}
+
+// Whether the option whose entry starts at `at` takes a value: CLI11 prints its type, upper case,
+// after one space ("--out TEXT", "--solvers INT=4"); a switch has its description after the
+// padding ("--keep      Keep ...") or a constraint ("--full Excludes: --resume-games").
+bool TakesValue(const std::string& help, size_t at, const std::string& flag) {
+  size_t i = at + flag.size();
+  if (i + 1 >= help.size() || help[i] != ' ' ||
+      !std::isupper(static_cast<unsigned char>(help[i + 1])))
+    return false;
+  for (++i; i < help.size() && std::isalnum(static_cast<unsigned char>(help[i])); ++i) {
+    if (std::islower(static_cast<unsigned char>(help[i]))) return false;
+  }
+  return true;
+}
+
+TEST(Cli, EveryCommandTheDocsShowNamesFlagsItsHelpLists) {
+  const std::string home = TempHome();
+  std::map<std::string, std::string> helps;  // "task audit" -> its --help
+  auto help_of = [&](const std::string& path) -> const std::string& {
+    auto it = helps.find(path);
+    if (it != helps.end()) return it->second;
+    CmdResult r = Meshlearn(path + (path.empty() ? "" : " ") + "--help", home);
+    EXPECT_EQ(r.code, 0) << "meshlearn " << path << " --help: " << r.out;
+    return helps[path] = r.out;
+  };
+  size_t commands = 0, flags = 0, paths = 0;
+  std::map<std::pair<std::string, std::string>, std::string> doc_flags;  // {command, flag} -> where
+  // One command line as `where` shows it: its subcommands exist, its flags are options of the
+  // subcommand they follow (or global ones), a flag that takes a value has one, and the repository
+  // paths it names exist.
+  auto check = [&](const DocCommand& c) {
+    ++commands;
+    std::string shown;  // "meshlearn task fetch ..."
+    for (const std::string& t : c.tokens) shown += (shown.empty() ? "" : " ") + t;
+    std::string path;  // the subcommand reached so far ("" is the root)
+    bool positional_seen = false;
+    for (size_t i = 1; i < c.tokens.size(); ++i) {
+      std::string t = c.tokens[i];
+      // Placeholders and prose around a command: "[--tokens N", "...", "leave);".
+      while (!t.empty() && (t.front() == '[' || t.front() == '(')) t.erase(0, 1);
+      while (!t.empty() && std::string("]),;.").find(t.back()) != std::string::npos) t.pop_back();
+      if (t.empty()) continue;
+      if (t.starts_with("--")) {
+        const std::string flag = t.substr(0, t.find('='));
+        const std::string* help = &help_of(path);
+        size_t at = OptionIn(*help, flag);
+        if (at == std::string::npos) {  // a global flag (--json, --home) after a subcommand
+          help = &help_of("");
+          at = OptionIn(*help, flag);
+        }
+        ++flags;
+        if (at != std::string::npos && help == &help_of(path) && !c.from_help)
+          doc_flags.emplace(std::make_pair(path, flag), c.where);
+        if (at == std::string::npos) {
+          ADD_FAILURE() << c.where << ": `" << shown << "`: `meshlearn " << path << "` has no "
+                        << flag << " (its --help:\n"
+                        << help_of(path) << ")";
+          continue;
+        }
+        if (TakesValue(*help, at, flag) && t.find('=') == std::string::npos) {
+          if (i + 1 >= c.tokens.size() || c.tokens[i + 1].starts_with("-")) {
+            ADD_FAILURE() << c.where << ": `" << shown << "`: " << flag
+                          << " takes a value and is shown without one";
+          } else {
+            const std::string value = c.tokens[++i];
+            if (IsRepoPath(value)) {
+              ++paths;
+              EXPECT_TRUE(RepoPathExists(value)) << c.where << ": " << value << " does not exist";
+            }
+          }
+        }
+        continue;
+      }
+      if (IsRepoPath(t)) {
+        ++paths;
+        EXPECT_TRUE(RepoPathExists(t)) << c.where << ": " << t << " does not exist";
+      }
+      if (positional_seen || t.starts_with("-")) continue;
+      const std::vector<std::string> subs = SubcommandsIn(help_of(path));
+      if (subs.empty()) {
+        positional_seen = true;
+        continue;
+      }
+      // A subcommand, or alternatives of one ("submit/watch/fetch", "stake|unstake").
+      std::string first;
+      for (size_t a = 0, b; a <= t.size(); a = b + 1) {
+        b = t.find_first_of("/|", a);
+        if (b == std::string::npos) b = t.size();
+        const std::string alt = t.substr(a, b - a);
+        if (first.empty()) first = alt;
+        EXPECT_NE(std::find(subs.begin(), subs.end(), alt), subs.end())
+            << c.where << ": `" << shown << "`: `meshlearn " << path << "` has no subcommand "
+            << alt;
+      }
+      path += (path.empty() ? "" : " ") + first;
+    }
+  };
+  for (const std::string& rel : DocFiles()) {
+    const std::string text = ReadText(MESHLEARN_SOURCE_DIR "/" + rel);
+    ASSERT_FALSE(text.empty()) << rel;
+    for (const DocCommand& c : DocCommands(rel, text)) check(c);
+    // Every file of the repository a doc names: a whole code span that is a path, or a path
+    // with an extension anywhere ("node/stage_step.h", "examples/fashion-mlp.toml").
+    for (size_t at = 0; at < text.size(); ++at) {
+      if (at > 0 && (std::isalnum(static_cast<unsigned char>(text[at - 1])) ||
+                     std::string("/._~-").find(text[at - 1]) != std::string::npos))
+        continue;
+      size_t end = at;
+      while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) ||
+                                   std::string("/._+-").find(text[end]) != std::string::npos))
+        ++end;
+      std::string p = text.substr(at, end - at);
+      while (!p.empty() && (p.back() == '.' || p.back() == '/')) p.pop_back();
+      if (p.empty() || !IsRepoPath(p) || (end < text.size() && text[end] == '<')) continue;
+      const bool whole_span =
+          at > 0 && text[at - 1] == '`' && end < text.size() && text[end] == '`';
+      const bool has_extension = p.rfind('.') != std::string::npos && p.rfind('.') > p.rfind('/');
+      if (!whole_span && !has_extension) continue;
+      ++paths;
+      EXPECT_TRUE(RepoPathExists(p))
+          << rel << ":" << 1 + std::count(text.begin(), text.begin() + at, '\n') << ": names " << p
+          << ", which is not in the repository";
+      at = end;
+    }
+  }
+  // Every command's --help examples are docs too ("a && b" shows two commands).
+  const size_t doc_commands = commands;
+  std::vector<std::string> tree = {""};
+  for (size_t k = 0; k < tree.size(); ++k) {
+    for (const std::string& sub : SubcommandsIn(help_of(tree[k])))
+      tree.push_back(tree[k] + (tree[k].empty() ? "" : " ") + sub);
+  }
+  for (const std::string& path : tree) {
+    const std::string help = help_of(path);
+    const size_t examples = help.find("Examples:");
+    if (examples == std::string::npos) continue;
+    std::istringstream lines(help.substr(examples));
+    std::string line;
+    while (std::getline(lines, line)) {
+      for (size_t a = 0, b; a <= line.size(); a = b + 2) {
+        b = line.find("&&", a);
+        if (b == std::string::npos) b = line.size();
+        std::vector<std::string> tokens = MeshlearnTokens(line.substr(a, b - a));
+        if (!tokens.empty()) check({"meshlearn " + path + " --help", tokens, true});
+      }
+    }
+  }
+  EXPECT_GE(commands - doc_commands, 40u)
+      << "examples found in the --help of " << tree.size() << " commands";
+  commands = doc_commands;
+  // A flag the docs show is shown by its command's --help examples too (house rule: --help shows
+  // examples), but the global flags (--json, --home) and --rpc, which every command that talks to
+  // a ledger takes.
+  for (const auto& [command_flag, where] : doc_flags) {
+    const auto& [path, flag] = command_flag;
+    if (path.empty() || flag == "--rpc") continue;
+    const std::string& help = help_of(path);
+    const size_t examples = help.find("Examples:");
+    bool shown = false;
+    for (size_t at = help.find(flag, examples);
+         examples != std::string::npos && !shown && at != std::string::npos;
+         at = help.find(flag, at + 1)) {
+      const size_t end = at + flag.size();
+      shown = end == help.size() || !(std::isalnum(static_cast<unsigned char>(help[end])) ||
+                                      help[end] == '-' || help[end] == '_');
+    }
+    EXPECT_TRUE(shown) << where << " shows `meshlearn " << path << " ... " << flag
+                       << "`; no example of `meshlearn " << path << " --help` does:\n"
+                       << help;
+  }
+  // The README is self-contained: it names no file outside the repository (an absolute path such
+  // as /usr/share/..., or one under ~, would be one; an HTTP path such as /metrics is not a file).
+  const std::string readme = ReadText(MESHLEARN_SOURCE_DIR "/README.md");
+  for (size_t at = 0; at < readme.size(); ++at) {
+    const bool token_start =
+        at == 0 || std::string(" \n(`\"'").find(readme[at - 1]) != std::string::npos;
+    const bool absolute = readme[at] == '/' && at + 1 < readme.size() &&
+                          readme.find_first_of("/ \n`)", at + 1) != std::string::npos &&
+                          readme[readme.find_first_of("/ \n`)", at + 1)] == '/';
+    if (token_start && (absolute || readme.compare(at, 2, "~/") == 0)) {
+      ADD_FAILURE() << "README.md:" << 1 + std::count(readme.begin(), readme.begin() + at, '\n')
+                    << " names a path outside the repository: "
+                    << readme.substr(at, readme.find_first_of(" \n`)", at) - at);
+    }
+  }
+  // The docs show 219 commands naming 349 flags, the --help examples included, and 505 paths
+  // (counted so that a parser that finds nothing fails).
+  EXPECT_GE(commands, 150u);
+  EXPECT_GE(flags, 150u);
+  EXPECT_GE(paths, 100u);
+  std::printf("checked %zu commands, %zu flags, %zu paths\n", commands, flags, paths);
+}
+
+// The README says what `bash scripts/run.sh` runs: that command line is the script's `exec
+// "$bin" devnet ...` (its --out and "$@" aside), so the two cannot drift apart.
+TEST(Cli, TheReadmeShowsTheDevnetCommandScriptsRunShRuns) {
+  const std::string readme = ReadText(MESHLEARN_SOURCE_DIR "/README.md");
+  const std::string lead = "`scripts/run.sh` runs `";
+  const size_t at = readme.find(lead);
+  ASSERT_NE(at, std::string::npos) << "README.md no longer says " << lead << "...`";
+  std::string shown =
+      readme.substr(at + lead.size(), readme.find('`', at + lead.size()) - at - lead.size());
+  for (char& c : shown)
+    if (c == '\n') c = ' ';
+  std::string script = ReadText(MESHLEARN_SOURCE_DIR "/scripts/run.sh");
+  for (size_t p; (p = script.find("\\\n")) != std::string::npos;) script.replace(p, 2, " ");
+  std::vector<std::string> runs;
+  std::istringstream lines(script);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.starts_with("exec \"$bin\" devnet")) continue;
+    runs = ShellTokens(line);
+    runs.erase(runs.begin());  // exec
+    runs.front() = "meshlearn";
+  }
+  ASSERT_FALSE(runs.empty()) << "scripts/run.sh has no `exec \"$bin\" devnet` line";
+  std::erase(runs, "$@");
+  const auto out = std::find(runs.begin(), runs.end(), "--out");
+  if (out != runs.end()) runs.erase(out, out + 2);
+  EXPECT_EQ(ShellTokens(shown), runs) << "README.md shows: " << shown;
+}
+
+// The body of the first ```toml block after `marker` in `text`; empty if there is none.
+std::string TomlBlockAfter(const std::string& text, const std::string& marker) {
+  const size_t at = text.find(marker);
+  if (at == std::string::npos) return "";
+  const size_t open = text.find("```toml\n", at);
+  if (open == std::string::npos) return "";
+  const size_t body = open + 8;
+  const size_t close = text.find("\n```", body);
+  return close == std::string::npos ? "" : text.substr(body, close + 1 - body);
+}
+
+// The configuration the docs show is accepted as shown: operators.md's node.toml (`node init`
+// checks every key) and diloco.md's [network] table (with examples/fashion-mlp.toml's engine
+// tables, by `task submit --dry-run`). diloco.md once showed stages = 1 with a 5-bound cut,
+// which every task file copying it was refused for.
+TEST(Cli, TheConfigFilesTheDocsShowAreAccepted) {
+  const std::string dir = TempHome();
+  std::string node = TomlBlockAfter(ReadText(MESHLEARN_SOURCE_DIR "/docs/operators.md"),
+                                    "`node.toml` (every key is checked");
+  ASSERT_NE(node, "") << "docs/operators.md no longer shows node.toml";
+  // Its data_dir (~/.meshlearn/node) becomes one of this test's.
+  const size_t data_dir = node.find("data_dir = ");
+  ASSERT_NE(data_dir, std::string::npos) << node;
+  node.replace(data_dir, node.find('\n', data_dir) - data_dir, "data_dir = \"node-data\"");
+  std::ofstream(dir + "/node.toml") << node;
+  CmdResult init = Meshlearn("node init --config " + dir + "/node.toml", dir);
+  EXPECT_EQ(init.code, 0) << node << init.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/node-data/keys/node.key.json")) << init.out;
+
+  if (!std::ifstream("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").good())
+    GTEST_SKIP() << "Fashion-MNIST (dataset-fashion-mnist) not installed";
+  const std::string network =
+      TomlBlockAfter(ReadText(MESHLEARN_SOURCE_DIR "/docs/diloco.md"), "# Network tasks");
+  ASSERT_NE(network.find("[network]"), std::string::npos) << "docs/diloco.md: " << network;
+  std::string task = ReadText(MESHLEARN_SOURCE_DIR "/examples/fashion-mlp.toml");
+  ASSERT_NE(task.find("\n[network]"), std::string::npos);
+  task = task.substr(0, task.find("\n[network]") + 1) + network;
+  std::ofstream(dir + "/diloco-network.toml") << task;
+  // No ledger at --rpc: the checks run for the default chain parameters.
+  CmdResult dry = Meshlearn(
+      "task submit " + dir + "/diloco-network.toml --dry-run --rpc http://127.0.0.1:1", dir);
+  EXPECT_EQ(dry.code, 0) << network << dry.out;
+  EXPECT_NE(dry.out.find("is valid"), std::string::npos) << dry.out;
+}
+
+// Every section a doc or a --help sends the reader to by name (`docs/verification.md, "Rounds in
+// flight"`, `submitters.md "Assurance"`) is there: a heading holding the name, or a paragraph led
+// by it in bold or italics (`**Memory a node needs.**`). A renamed section fails here, not a
+// reader.
+TEST(Cli, EverySectionTheDocsNameExists) {
+  std::map<std::string, std::string> docs;  // "docs/node.md" -> its text
+  for (const std::string& rel : DocFiles()) docs[rel] = ReadText(MESHLEARN_SOURCE_DIR "/" + rel);
+  auto has_section = [](const std::string& text, const std::string& name) {
+    if (text.find("*" + name) != std::string::npos) return true;  // **Name.** or *Name*
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with("#") && line.find(name) != std::string::npos) return true;
+    }
+    return false;
+  };
+  // Where references are: the docs, and every command's --help.
+  std::map<std::string, std::string> texts = docs;
+  const std::string home = TempHome();
+  std::vector<std::string> tree = {""};
+  for (size_t k = 0; k < tree.size(); ++k) {
+    const std::string help = Meshlearn(tree[k] + (tree[k].empty() ? "" : " ") + "--help", home).out;
+    texts["meshlearn " + tree[k] + (tree[k].empty() ? "" : " ") + "--help"] = help;
+    for (const std::string& sub : SubcommandsIn(help))
+      tree.push_back(tree[k] + (tree[k].empty() ? "" : " ") + sub);
+  }
+  size_t checked = 0;
+  for (const auto& [rel, text] : texts) {
+    for (size_t md = text.find(".md"); md != std::string::npos; md = text.find(".md", md + 1)) {
+      size_t start = md;
+      while (start > 0 && (std::islower(static_cast<unsigned char>(text[start - 1])) ||
+                           text[start - 1] == '_' || text[start - 1] == '/'))
+        --start;
+      std::string target = text.substr(start, md + 3 - start);
+      if (target == ".md") continue;
+      if (!target.starts_with("docs/") && target != "README.md") target = "docs/" + target;
+      size_t at = md + 3;
+      if (at < text.size() && text[at] == ',') ++at;
+      // One or more "Name" after it: `docs/x.md, "A", "B"`; a name may wrap a line.
+      for (;;) {
+        while (at < text.size() && (text[at] == ' ' || text[at] == '\n')) ++at;
+        if (at >= text.size() || text[at] != '"') break;
+        const size_t close = text.find('"', at + 1);
+        if (close == std::string::npos) break;
+        std::string name;
+        for (size_t i = at + 1; i < close; ++i) {
+          const char c = text[i] == '\n' ? ' ' : text[i];
+          if (c != ' ' || (!name.empty() && name.back() != ' ')) name += c;
+        }
+        const size_t line = 1 + std::count(text.begin(), text.begin() + at, '\n');
+        auto doc = docs.find(target);
+        if (doc == docs.end()) {
+          ADD_FAILURE() << rel << ":" << line << ": names " << target << ", which is not a doc";
+          break;
+        }
+        ++checked;
+        EXPECT_TRUE(has_section(doc->second, name))
+            << rel << ":" << line << ": " << target << " has no section \"" << name << "\"";
+        at = close + 1;
+        if (at < text.size() && text[at] == ',') ++at;
+      }
+    }
+  }
+  // 115 references in the docs and 4 in --help when this test was written: a parser that finds
+  // none fails.
+  EXPECT_GE(checked, 100u);
 }
 
 // devnet --help names every adversary mode a node accepts (node/src/adversary.cc's kNames; each

@@ -32,6 +32,7 @@ void AddKeys(CLI::App& root, GlobalOptions& g) {
       "  meshlearn keys new alice                      # prompts for an optional passphrase\n"
       "  MESHLEARN_PASSPHRASE=secret meshlearn keys new bob\n"
       "  meshlearn keys new node1 --no-passphrase\n"
+      "  meshlearn keys new node2 --passphrase-file pass.txt\n"
       "  meshlearn keys list\n"
       "  meshlearn keys show alice\n"
       "  meshlearn keys export alice alice-backup.json\n"

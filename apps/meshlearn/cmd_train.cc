@@ -282,6 +282,7 @@ void AddTrain(CLI::App& root, GlobalOptions& g) {
       "Examples:\n"
       "  meshlearn train examples/fashion-mlp.toml\n"
       "  meshlearn train examples/fashion-cnn.toml --steps 500 --out /tmp/cnn\n"
+      "  meshlearn --json train examples/code-gpt.toml --steps 30 --threads 1 --no-eval\n"
       "  meshlearn train examples/tiny-gpt.toml --threads 1 --simd scalar --json\n"
       "  meshlearn train examples/tiny-gpt.toml --steps 800 --resume "
       "out/tiny-gpt/checkpoint.safetensors\n"

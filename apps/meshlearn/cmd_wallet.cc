@@ -419,7 +419,7 @@ void AddWallet(CLI::App& root, GlobalOptions& g) {
   tr->add_option("amount", a.amount, "Amount in the smallest unit")->required();
   tr->add_option("--memo", a.memo, "Free text stored with the transfer");
   AddCommon(tr, a, true);
-  tr->footer("Examples:\n  meshlearn wallet transfer bob 250 --key alice\n"
+  tr->footer("Examples:\n  meshlearn wallet transfer bob 250 --key alice --memo \"thanks\"\n"
              "  meshlearn --json wallet transfer 3b6a27bc... 1000 --key alice --fee 1");
   tr->callback([&g] {
     Result<PublicKey> to = ResolveAddress(g, a.to, "recipient");
