@@ -1785,8 +1785,10 @@ TEST_F(RealTrainingTest, AResultProofsBountyIsTheEarliestCommittersNotTheFirstSe
                          .node_id = by.public_key(),
                          .witness = {EncodeResultWitness(ResultProof())}};
   };
-  StepOk({N(v1_, CommitOf(proof(v1_), v1_.public_key()))});
+  // Measured before the commitment: its deposit, paid by v1's owner, comes back with the proof.
   const Amount carol_before = Balance(carol_), dave_before = Balance(dave_);
+  StepOk({N(v1_, CommitOf(proof(v1_), v1_.public_key()))});
+  EXPECT_EQ(Balance(carol_), carol_before - genesis_.params.proof_commit_deposit);
   const std::vector<Receipt> r = Step({N(v2_, proof(v2_)), N(v1_, proof(v1_))});
   ASSERT_EQ(r.size(), 2u);
   ASSERT_TRUE(r[0].ok) << r[0].reason;
@@ -2297,7 +2299,8 @@ TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsS
   const Amount slashed = Node(s1_).earnings.slashed;
   EXPECT_GT(slashed, 0u);
   EXPECT_EQ(Node(wb_).earnings.jackpot, slashed);  // the whole bounty: shown on the merits
-  EXPECT_EQ(Balance(erin_) - erin_before, slashed);
+  // The bounty, and the deposit of the commitment the merits spent (paid before erin_before).
+  EXPECT_EQ(Balance(erin_) - erin_before, slashed + genesis_.params.proof_commit_deposit);
   ExpectEarningsAddUpToTheTask();
   EXPECT_TRUE(Rerunning());
 }
@@ -2459,7 +2462,9 @@ TEST_F(FraudProofTest, AVerifierShowsTheMeritsTheWhistleblowerKeptBack) {
   const Amount share = BasisPoints(Node(s1_).earnings.slashed, genesis_.params.slash_jackpot_bps);
   ASSERT_GT(share, 0u);
   EXPECT_EQ(Node(prover).earnings.jackpot, share);
-  EXPECT_EQ(Balance(*owner_.at(prover.public_key())), prover_before + share);
+  // The share, and the deposit of the commitment the merits spent (paid before prover_before).
+  EXPECT_EQ(Balance(*owner_.at(prover.public_key())),
+            prover_before + share + genesis_.params.proof_commit_deposit);
   EXPECT_EQ(Balance(erin_), erin_before);
   ExpectEarningsAddUpToTheTask();
   EXPECT_TRUE(Rerunning());
