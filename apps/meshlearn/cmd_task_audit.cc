@@ -199,8 +199,8 @@ json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
   // commitment refused does not stop the proof, as in the node's VerifyOutbox::SendProof: a re-run
   // of an audit whose first run's commitment landed but whose proof did not (killed, or its wait
   // timed out) is refused the same commitment as a replay, and the one kept still takes the
-  // bounty; with none (the prover's or the chain's bound full) the proof still rules, its bounty
-  // left in the jackpot.
+  // bounty; with none (the prover's bound full, or its deposit unpaid) the proof still rules,
+  // its bounty left in the jackpot.
   json commit;
   const ledger::CommitProofTx c{
       .commitment = ledger::ProofCommitment(ledger::ProofWitnessId(tx), key.public_key()),

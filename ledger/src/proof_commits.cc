@@ -7,7 +7,7 @@
 //
 //   CommitProof   keeps {commitment, prover, height, payer, deposit} (LedgerState::
 //                 proof_commits), the deposit (params.proof_commit_deposit) held from the sender;
-//                 on a full table it first evicts one (EvictProofCommit), forfeiting its deposit
+//                 on a full table it first evicts one (ProofCommitToEvict), forfeiting its deposit
 //   a proof       TakeProofCommitter: its bounty's payee, the commitments to its witness dropped
 //                 and their deposits given back to their payers
 //   EndBlock      ExpireProofCommits: a commitment kProofCommitmentBlocks blocks old is dropped,
@@ -22,7 +22,9 @@
 // Every junk commitment's deposit ends in the jackpot (expired or evicted: no proof spends it),
 // so holding the table costs kMaxProofCommitments deposits per kProofCommitmentBlocks, and
 // pushing one honest commitment out costs as many as are older than it.
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "execute.h"

@@ -1741,7 +1741,7 @@ TEST_F(FraudProofTest, JunkCommitmentsFillingTheTableCannotLockAnHonestProverOut
   // The honest prover commits into the full table, and proves a block later.
   const Amount dave_before = Balance(dave_);
   const Receipt committed = Step({CommitToProve(dave_, 1, SegmentProof(1))})[0];
-  ASSERT_TRUE(committed.ok) << committed.reason;  // main: "the chain keeps 4096 commitments"
+  ASSERT_TRUE(committed.ok) << committed.reason;  // until 2026-12-06: "the chain keeps 4096"
   EXPECT_EQ(Balance(dave_), dave_before - deposit);
   const Totals evicted = chain_->GetTotals();
   EXPECT_EQ(evicted.escrow, full.escrow);              // one deposit in, one out

@@ -51,7 +51,7 @@ struct Account {
 // kProofCommitmentBlocks blocks after `height`, then is dropped. `deposit` (genesis
 // params.proof_commit_deposit when it was made) is held from `payer`, the CommitProof's sender:
 // back to it when a proof spends the commitment, to the jackpot when it expires or is evicted
-// (a full table's new commitment evicts one: EvictProofCommit). Counted in Totals::escrow.
+// (a full table's new commitment evicts one: ProofCommitToEvict). Counted in Totals::escrow.
 struct ProofCommit {
   Hash256 commitment;
   PublicKey prover;
