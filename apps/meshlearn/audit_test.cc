@@ -281,6 +281,10 @@ TEST(TaskAuditProve, AFullAuditProvesALazySolversUnitOnChainAndIsPaidTheBounty) 
           << p.dump(2);
       EXPECT_NE(p.value("error", std::string()).find("is not final yet"), std::string::npos)
           << p.dump(2);
+      // Nor committed to: a commitment's deposit would be held until it expired.
+      EXPECT_NE(p.value("commit_error", std::string()).find("no longer paid work"),
+                std::string::npos)
+          << p.dump(2);
     }
   }
   // Every unit re-executed is the lazy solver's: round 0's four at least (the later rounds only
@@ -295,7 +299,8 @@ TEST(TaskAuditProve, AFullAuditProvesALazySolversUnitOnChainAndIsPaidTheBounty) 
   EXPECT_EQ(j["proven_frauds"][0]["prover"], pub) << j.dump(2);
 
   // The ledger, read by other commands: the solver slashed what the proof says and jailed, the
-  // auditor paid the bounty (fees are 0 on a devnet).
+  // auditor paid the bounty (fees are 0 on a devnet; its commitment's deposit back, and none held
+  // for the refused proofs).
   solver = net.Solver();
   EXPECT_EQ(solver["node"]["status"], "jailed") << solver.dump(2);
   EXPECT_EQ(solver["node"]["earnings"]["slashed"], proven["slashed"]) << solver.dump(2);

@@ -199,13 +199,27 @@ json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
   // commitment refused does not stop the proof, as in the node's VerifyOutbox::SendProof: a re-run
   // of an audit whose first run's commitment landed but whose proof did not (killed, or its wait
   // timed out) is refused the same commitment as a replay, and the one kept still takes the
-  // bounty; with none (the prover's or the chain's bound full) the proof still rules, its bounty
-  // left in the jackpot.
+  // bounty; with none (the prover's bound full, or its deposit unpaid) the proof still rules,
+  // its bounty left in the jackpot.
+  // A commitment holds a deposit until a proof spends it (params.proof_commit_deposit): to a unit
+  // that is no longer paid work (an earlier proof of this audit rewound its task: it runs again)
+  // the proof is refused ("is not final yet"), so no commitment is sent, whose deposit would only
+  // be held until it expired into the jackpot.
+  bool still_paid = true;  // where the ledger cannot say, commit as always
+  if (Result<json> t = GetTask(rpc, task_id, true); t.ok()) {
+    for (const json& j : t->value("units", json::array())) {
+      if (j.value("index", UINT32_MAX) == u.index) {
+        still_paid = j.value("status", std::string()) == "verified";
+      }
+    }
+  }
   json commit;
   const ledger::CommitProofTx c{
       .commitment = ledger::ProofCommitment(ledger::ProofWitnessId(tx), key.public_key()),
       .prover = key.public_key()};
-  if (SendAndWait(rpc, key, chain_id, c, "CommitProof", "proof's commitment", &commit)) {
+  if (!still_paid) {
+    out["commit_error"] = "not sent: the unit is no longer paid work (its task was rewound)";
+  } else if (SendAndWait(rpc, key, chain_id, c, "CommitProof", "proof's commitment", &commit)) {
     out["commit_tx"] = commit["tx"];
   } else {
     out["commit_error"] = commit.value("error", std::string("the commitment was not sent"));

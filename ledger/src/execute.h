@@ -280,12 +280,18 @@ std::map<PublicKey, StakeHold> OpenCheckHold(const LedgerState& s, const ChainPa
 // it made at least one block before (ties: `sender`, the proof's own prover, if among them, else
 // the first in key order); for a ProveResult or ProveMerits (`nodes_only`) only a registered
 // node's counts, the bounty being a node's. nullopt when none: the proof still rules, the bounty
-// stays in the jackpot. Drops every kept commitment to that witness (the proof is spent).
+// stays in the jackpot. Drops every kept commitment to that witness (the proof is spent), each
+// deposit back to the account that paid it.
 std::optional<PublicKey> TakeProofCommitter(LedgerState& s, const Hash256& witness_id,
                                             const PublicKey& sender, uint64_t height,
                                             bool nodes_only);
-// The end-of-block step: drops the commitments no proof after `height` can count any more.
+// The end-of-block step: drops the commitments no proof after `height` can count any more, their
+// deposits forfeited to the jackpot.
 void ExpireProofCommits(LedgerState& s, uint64_t height);
+// The commitment a new CommitProof evicts (its deposit forfeited): none while fewer than
+// kMaxProofCommitments are kept, else the oldest of those whose prover keeps the most (the first
+// in key order among one block's). A scan of the kept table, as a proof's is.
+std::optional<Hash256> ProofCommitToEvict(const LedgerState& s);
 
 // Helpers for executors.
 Result<NodeRecord*> OwnedNode(LedgerState& s, const PublicKey& node_id, const PublicKey& owner);

@@ -164,6 +164,8 @@ Totals LedgerState::ComputeTotals() const {
       for (const ServeBond& b : u->serve_bonds) add(t.escrow, b.amount);
     }
   }
+  // Proof commitments' deposits: at most kMaxProofCommitments rows.
+  for (const auto& [k, c] : proof_commits.rows()) add(t.escrow, c.deposit);
   t.treasury = g().treasury;
   t.jackpot = g().jackpot;
   t.minted = g().minted;

@@ -5,9 +5,26 @@
 // commitment to its witness is at least one block older than the proof: a copier commits only
 // after the proof it copied was public, so its commitment is never the earliest.
 //
-//   CommitProof   keeps {commitment, prover, height} (LedgerState::proof_commits)
+//   CommitProof   keeps {commitment, prover, height, payer, deposit} (LedgerState::
+//                 proof_commits), the deposit (params.proof_commit_deposit) held from the sender;
+//                 on a full table it first evicts one (ProofCommitToEvict), forfeiting its deposit
 //   a proof       TakeProofCommitter: its bounty's payee, the commitments to its witness dropped
-//   EndBlock      ExpireProofCommits: a commitment kProofCommitmentBlocks blocks old is dropped
+//                 and their deposits given back to their payers
+//   EndBlock      ExpireProofCommits: a commitment kProofCommitmentBlocks blocks old is dropped,
+//                 its deposit forfeited to the jackpot
+//
+// Why a full table evicts rather than refuses, and why a deposit (docs/verification.md, "Bounded
+// storage"): refusing let 256 accounts x 16 junk commitments, renewed every
+// kProofCommitmentBlocks for their fees, lock every honest prover out (its proof then ruled, its
+// bounty paid to nobody). Now a commitment is never refused for the chain's bound, and the one
+// evicted is the oldest of the prover keeping the most: a prover with one commitment loses it
+// only when every kept commitment is a different prover's one and all older ones went first.
+// Every junk commitment's deposit ends in the jackpot (expired or evicted: no proof spends it),
+// so holding the table costs kMaxProofCommitments deposits per kProofCommitmentBlocks, and
+// pushing one honest commitment out costs as many as are older than it.
+#include <algorithm>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "execute.h"
@@ -20,7 +37,41 @@ namespace {
 // after it never does.
 uint64_t LastCountingHeight(const ProofCommit& c) { return c.height + kProofCommitmentBlocks; }
 
+// Drops kept commitment `key`, its deposit back to its payer (`refund`: a proof spent it) or to
+// the jackpot (it expired or was evicted unspent). The deposit was counted in Totals::escrow, so
+// neither move can overflow while the ledger's invariant holds.
+void ReleaseProofCommit(LedgerState& s, const Hash256& key, bool refund) {
+  const ProofCommit* c = s.proof_commits.Find(key);
+  CHECK(c != nullptr);
+  const PublicKey payer = c->payer;
+  const Amount deposit = c->deposit;
+  s.proof_commits.Erase(key);
+  if (deposit == 0) return;
+  Status st = Status::Ok();
+  if (refund) {
+    st = Credit(s, payer, deposit);
+  } else {
+    Globals* g = s.MutableGlobals();
+    st = CheckedAdd(g->jackpot, deposit, &g->jackpot, "jackpot");
+  }
+  CHECK(st.ok()) << "proof commitment " << key.ShortHex() << ": " << st.ToString();
+}
+
 }  // namespace
+
+std::optional<Hash256> ProofCommitToEvict(const LedgerState& s) {
+  if (s.proof_commits.rows().size() < kMaxProofCommitments) return std::nullopt;
+  std::map<PublicKey, uint32_t> kept;
+  uint32_t most = 0;
+  for (const auto& [k, c] : s.proof_commits.rows()) most = std::max(most, ++kept[c.prover]);
+  // The oldest of the provers keeping `most`; in one block, the first in key order.
+  const ProofCommit* oldest = nullptr;
+  for (const auto& [k, c] : s.proof_commits.rows()) {
+    if (kept[c.prover] == most && (oldest == nullptr || c.height < oldest->height)) oldest = &c;
+  }
+  CHECK(oldest != nullptr);
+  return oldest->commitment;
+}
 
 Status ExecuteCommitProof(ExecContext& ctx, const CommitProofTx& tx) {
   LedgerState& s = ctx.state;
@@ -37,12 +88,6 @@ Status ExecuteCommitProof(ExecContext& ctx, const CommitProofTx& tx) {
                          " was made at height " + std::to_string(kept->height) +
                          " already (a replay counts nothing: the first one stands)");
   }
-  if (s.proof_commits.rows().size() >= kMaxProofCommitments) {
-    return ResourceExhausted("commit proof: the chain keeps " +
-                             std::to_string(kMaxProofCommitments) +
-                             " commitments already; retry after some expire (each is kept " +
-                             std::to_string(kProofCommitmentBlocks) + " blocks)");
-  }
   uint32_t mine = 0;
   for (const auto& [k, c] : s.proof_commits.rows()) mine += c.prover == tx.prover;
   if (mine >= kMaxProofCommitmentsPerProver) {
@@ -51,9 +96,21 @@ Status ExecuteCommitProof(ExecContext& ctx, const CommitProofTx& tx) {
                              " commitments, the most one key may; send "
                              "their proofs, or wait for them to expire");
   }
-  s.proof_commits.Put(
-      tx.commitment,
-      ProofCommit{.commitment = tx.commitment, .prover = tx.prover, .height = ctx.height});
+  const Amount deposit = ctx.params().proof_commit_deposit;
+  if (Status st = Debit(s, ctx.tx.sender, deposit, "the deposit"); !st.ok()) {
+    return st.WithPrefix("commit proof: a commitment holds a deposit of " +
+                         std::to_string(deposit) +
+                         " (genesis params.proof_commit_deposit), back when its proof spends it; "
+                         "fund the sender's account first");
+  }
+  if (std::optional<Hash256> evicted = ProofCommitToEvict(s)) {
+    ReleaseProofCommit(s, *evicted, /*refund=*/false);
+  }
+  s.proof_commits.Put(tx.commitment, ProofCommit{.commitment = tx.commitment,
+                                                 .prover = tx.prover,
+                                                 .height = ctx.height,
+                                                 .payer = ctx.tx.sender,
+                                                 .deposit = deposit});
   return Status::Ok();
 }
 
@@ -73,7 +130,7 @@ std::optional<PublicKey> TakeProofCommitter(LedgerState& s, const Hash256& witne
       best = c;
     }
   }
-  for (const Hash256& k : spent) s.proof_commits.Erase(k);
+  for (const Hash256& k : spent) ReleaseProofCommit(s, k, /*refund=*/true);
   if (!best) return std::nullopt;
   return best->prover;
 }
@@ -83,7 +140,7 @@ void ExpireProofCommits(LedgerState& s, uint64_t height) {
   for (const auto& [k, c] : s.proof_commits.rows()) {
     if (LastCountingHeight(c) <= height) expired.push_back(k);
   }
-  for (const Hash256& k : expired) s.proof_commits.Erase(k);
+  for (const Hash256& k : expired) ReleaseProofCommit(s, k, /*refund=*/false);
 }
 
 }  // namespace meshlearn::ledger

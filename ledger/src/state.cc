@@ -168,12 +168,20 @@ Status DecodeAccount(Decoder& d, Account* a) {
 
 void EncodeProofCommit(Encoder& e, const ProofCommit& c) {
   e.PutHash(c.commitment).PutPublicKey(c.prover).PutU64(c.height);
+  // A tail only with a deposit: a commitment without one (a chain whose params.
+  // proof_commit_deposit is 0, or one kept before deposits) encodes and hashes as before.
+  if (c.deposit != 0) e.PutPublicKey(c.payer).PutU64(c.deposit);
 }
 
 Status DecodeProofCommit(Decoder& d, ProofCommit* c) {
   ML_RETURN_IF_ERROR(d.GetHash(&c->commitment, "commitment"));
   ML_RETURN_IF_ERROR(d.GetPublicKey(&c->prover, "prover"));
-  return d.GetU64(&c->height, "height");
+  ML_RETURN_IF_ERROR(d.GetU64(&c->height, "height"));
+  if (d.remaining() == 0) return Status::Ok();
+  ML_RETURN_IF_ERROR(d.GetPublicKey(&c->payer, "payer"));
+  ML_RETURN_IF_ERROR(d.GetU64(&c->deposit, "deposit"));
+  if (c->deposit == 0) return DataLoss("proof commitment: a payer with a zero deposit");
+  return Status::Ok();
 }
 
 template <typename E>

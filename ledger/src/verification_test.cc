@@ -1668,10 +1668,13 @@ TEST_F(FraudProofTest, ACommitmentInTheProofsOwnBlockCountsNothingAndTheBountySt
 
 // A commitment counts for kProofCommitmentBlocks blocks after its own, then is dropped (EndBlock):
 // the same commitment again while it is kept is a replay and refused; a proof after it expired
-// is paid nothing (the bounty stays in the jackpot).
+// is paid nothing (the bounty stays in the jackpot), and the expired commitment's deposit went to
+// the jackpot too.
 TEST_F(FraudProofTest, AReplayedCommitmentIsRefusedAndAnExpiredOneCountsNothing) {
   ASSERT_NO_FATAL_FAILURE(RunPoisonedTaskPastItsAuditWindow());
   const Amount dave_before = Balance(dave_);
+  const Amount deposit = genesis_.params.proof_commit_deposit;
+  ASSERT_GT(deposit, 0u);
   StepOk({CommitToProve(dave_, 1, SegmentProof(1))});
   const uint64_t committed_at = chain_->Height();
   const Receipt replay = Step({CommitToProve(dave_, 1, SegmentProof(1))})[0];
@@ -1684,8 +1687,86 @@ TEST_F(FraudProofTest, AReplayedCommitmentIsRefusedAndAnExpiredOneCountsNothing)
   const TaskRecord t = Task();
   ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
   EXPECT_EQ(t.verification.proven_frauds[0].bounty, 0u);
-  EXPECT_EQ(Balance(dave_), dave_before);
+  EXPECT_EQ(Balance(dave_), dave_before - deposit);  // forfeited when it expired
   EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+}
+
+// The attack the deposit and the eviction answer (docs/verification.md, "Bounded storage"): 256
+// funded accounts keep 16 junk commitments each, the kMaxProofCommitments the chain keeps. Until
+// 2026-12-06 every other CommitProof was then refused (ResourceExhausted), so an honest prover's
+// proof ruled with its bounty paid to nobody. Now dave's commitment evicts the oldest junk one
+// (its deposit to the jackpot), his proof a block later pays him the bounty and gives his deposit
+// back; the junk left expires kProofCommitmentBlocks after its block, every deposit of it
+// forfeited to the jackpot. The totals hold after every block (the fixture), and each move is
+// checked here to the token: the attackers' balances, the escrow (the kept deposits), the
+// jackpot.
+TEST_F(FraudProofTest, JunkCommitmentsFillingTheTableCannotLockAnHonestProverOut) {
+  ASSERT_NO_FATAL_FAILURE(RunPoisonedTaskPastItsAuditWindow());
+  const Amount deposit = genesis_.params.proof_commit_deposit;
+  ASSERT_GT(deposit, 0u);
+  constexpr uint32_t kAttackers = kMaxProofCommitments / kMaxProofCommitmentsPerProver;
+  ASSERT_EQ(kAttackers, 256u);
+  const Amount each = kMaxProofCommitmentsPerProver * deposit;  // what one attacker holds
+  std::vector<KeyPair> attackers;
+  std::vector<Transaction> funding;
+  for (uint32_t i = 0; i < kAttackers; ++i) {
+    KeySeed seed;  // TestKey has 256 keys; these are others
+    seed.bytes.fill(0xa7);
+    for (int b = 0; b < 4; ++b) seed.bytes[b] = static_cast<uint8_t>(i >> (8 * b));
+    attackers.push_back(KeyPair::FromSeed(seed));
+    funding.push_back(Q(frank_, TransferTx{.to = attackers.back().public_key(), .amount = each}));
+  }
+  StepOk(std::move(funding));
+  auto attackers_balance = [&] {
+    Amount sum = 0;
+    for (const KeyPair& a : attackers) sum += Balance(a);
+    return sum;
+  };
+  ASSERT_EQ(attackers_balance(), kAttackers * each);
+  const Totals clean = chain_->GetTotals();
+  std::vector<Transaction> junk;
+  for (const KeyPair& a : attackers) {
+    for (uint32_t j = 0; j < kMaxProofCommitmentsPerProver; ++j) {
+      const Hash256 c = Hasher("junk").Update(a.public_key().span()).UpdateU64(j).Finish();
+      junk.push_back(Q(a, CommitProofTx{.commitment = c, .prover = a.public_key()}));
+    }
+  }
+  StepOk(std::move(junk));
+  const uint64_t junk_height = chain_->Height();
+  const Totals full = chain_->GetTotals();
+  EXPECT_EQ(attackers_balance(), 0u);
+  EXPECT_EQ(full.escrow, clean.escrow + kMaxProofCommitments * deposit);
+  EXPECT_EQ(full.jackpot, clean.jackpot);
+
+  // The honest prover commits into the full table, and proves a block later.
+  const Amount dave_before = Balance(dave_);
+  const Receipt committed = Step({CommitToProve(dave_, 1, SegmentProof(1))})[0];
+  ASSERT_TRUE(committed.ok) << committed.reason;  // until 2026-12-06: "the chain keeps 4096"
+  EXPECT_EQ(Balance(dave_), dave_before - deposit);
+  const Totals evicted = chain_->GetTotals();
+  EXPECT_EQ(evicted.escrow, full.escrow);              // one deposit in, one out
+  EXPECT_EQ(evicted.jackpot, full.jackpot + deposit);  // the evicted junk's
+  StepOk({Prove(dave_, 1, SegmentProof(1))});
+  const TaskRecord t = Task();
+  ASSERT_EQ(t.verification.proven_frauds.size(), 1u);
+  const ProvenFraud& f = t.verification.proven_frauds[0];
+  EXPECT_EQ(Node(s1_).status, NodeStatus::kJailed);
+  EXPECT_GT(f.bounty, 0u);
+  EXPECT_EQ(Balance(dave_), dave_before + f.bounty);  // the bounty, and the deposit back
+  const Totals proven = chain_->GetTotals();
+  EXPECT_EQ(proven.escrow, full.escrow - deposit);  // dave's deposit left the escrow
+  ExpectSlashBooks(evicted, f, f.bounty);
+
+  // The junk expires at the end of block junk_height + kProofCommitmentBlocks: every deposit
+  // left (4,095: one was evicted) goes to the jackpot, none back to the attackers.
+  while (chain_->Height() < junk_height + kProofCommitmentBlocks - 1) Step();
+  EXPECT_EQ(chain_->GetTotals().escrow, proven.escrow);
+  Step();
+  const Totals expired = chain_->GetTotals();
+  EXPECT_EQ(expired.escrow, clean.escrow);
+  EXPECT_EQ(expired.jackpot, proven.jackpot + (kMaxProofCommitments - 1) * deposit);
+  EXPECT_EQ(attackers_balance(), 0u);
+  EXPECT_EQ(expired.minted, clean.minted);
 }
 
 // The ProveResult path: v2 copies v1's result proof and sends it first without ever committing;
@@ -1704,8 +1785,10 @@ TEST_F(RealTrainingTest, AResultProofsBountyIsTheEarliestCommittersNotTheFirstSe
                          .node_id = by.public_key(),
                          .witness = {EncodeResultWitness(ResultProof())}};
   };
-  StepOk({N(v1_, CommitOf(proof(v1_), v1_.public_key()))});
+  // Measured before the commitment: its deposit, paid by v1's owner, comes back with the proof.
   const Amount carol_before = Balance(carol_), dave_before = Balance(dave_);
+  StepOk({N(v1_, CommitOf(proof(v1_), v1_.public_key()))});
+  EXPECT_EQ(Balance(carol_), carol_before - genesis_.params.proof_commit_deposit);
   const std::vector<Receipt> r = Step({N(v2_, proof(v2_)), N(v1_, proof(v1_))});
   ASSERT_EQ(r.size(), 2u);
   ASSERT_TRUE(r[0].ok) << r[0].reason;
@@ -1721,7 +1804,8 @@ TEST_F(RealTrainingTest, AResultProofsBountyIsTheEarliestCommittersNotTheFirstSe
 }
 
 // CommitProof's own refusals, each naming what is wrong: an all-zero commitment, a prover that is
-// neither the sender nor a node of the sender's, a replay, and a prover over its bound.
+// neither the sender nor a node of the sender's, a replay, a prover over its bound, and a sender
+// that cannot pay the deposit.
 TEST_F(VerificationTest, ACommitProofIsRefusedWhenMalformedReplayedOrOverItsBound) {
   Start(/*verifiers=*/2);
   auto commit = [&](const KeyPair& by, const Hash256& c, const PublicKey& prover) {
@@ -1752,6 +1836,15 @@ TEST_F(VerificationTest, ACommitProofIsRefusedWhenMalformedReplayedOrOverItsBoun
           "the most one key may");
   // The bound is the prover's: dave's node still commits.
   StepOk({N(v2_, CommitProofTx{.commitment = Blake2b("n2"), .prover = v2_.public_key()})});
+  // A sender that cannot pay the deposit (genesis params.proof_commit_deposit).
+  const Amount deposit = genesis_.params.proof_commit_deposit;
+  ASSERT_GT(deposit, 1u);
+  const KeyPair poor = TestKey(99);
+  StepOk({Q(dave_, TransferTx{.to = poor.public_key(), .amount = deposit - 1})});
+  refused(
+      commit(poor, Blake2b("poor"), poor.public_key()), StatusCode::kFailedPrecondition,
+      "holds a deposit of " + std::to_string(deposit) + " (genesis params.proof_commit_deposit)");
+  EXPECT_EQ(Balance(poor), deposit - 1);
 }
 
 // TakeProofCommitter and ExpireProofCommits on a bare state: the earliest commitment to the
@@ -1813,6 +1906,79 @@ TEST(ProofCommitTest, TheBountyIsTheEarliestCommitmentABlockOlderAndNotExpired) 
     EXPECT_TRUE(s.proof_commits.rows().empty());
     EXPECT_EQ(s.Hash(), empty);
   }
+}
+
+// Which commitment a new CommitProof evicts from a full table (ProofCommitToEvict): none below
+// kMaxProofCommitments; else the oldest of the provers keeping the most, so a prover with one
+// commitment keeps it while anyone keeps two, however old it is. With every prover at one, the
+// oldest goes: pushing a given commitment out takes evicting every older one first.
+TEST(ProofCommitTest, AFullTableEvictsTheOldestOfTheProverKeepingTheMost) {
+  auto key = [](uint32_t i, uint32_t j) { return Hasher("c").UpdateU64(i).UpdateU64(j).Finish(); };
+  auto put = [](LedgerState& s, const Hash256& k, const PublicKey& p, uint64_t h) {
+    s.proof_commits.Put(k, ProofCommit{.commitment = k, .prover = p, .height = h});
+  };
+  auto prover = [](uint32_t i) {  // the table's keys only: no signature is made here
+    PublicKey p;
+    for (int b = 0; b < 4; ++b) p.bytes[b] = static_cast<uint8_t>(i >> (8 * b));
+    return p;
+  };
+  const PublicKey honest = prover(0), heavy = prover(1);
+  {
+    // The honest prover's commitment is the oldest; `heavy` keeps two, everyone else one.
+    LedgerState s;
+    put(s, key(0, 0), honest, 1);
+    put(s, key(1, 0), heavy, 7);
+    put(s, key(1, 1), heavy, 5);
+    for (uint32_t i = 3; s.proof_commits.rows().size() < kMaxProofCommitments - 1; ++i) {
+      put(s, key(i, 0), prover(i), 2);
+    }
+    EXPECT_EQ(ProofCommitToEvict(s), std::nullopt);  // one slot left
+    put(s, key(2, 0), prover(2), 3);
+    ASSERT_EQ(s.proof_commits.rows().size(), kMaxProofCommitments);
+    EXPECT_EQ(ProofCommitToEvict(s), key(1, 1));  // heavy's older one, not the honest one
+    s.proof_commits.Erase(key(1, 1));
+    put(s, key(9999, 0), prover(9999), 8);
+    // Now every prover keeps one: the oldest goes, the honest one at height 1.
+    EXPECT_EQ(ProofCommitToEvict(s), key(0, 0));
+  }
+  {
+    // One block's commitments, every prover at one: the first in key order.
+    LedgerState s;
+    for (uint32_t i = 0; i < kMaxProofCommitments; ++i) put(s, key(i, 0), prover(i), 4);
+    EXPECT_EQ(ProofCommitToEvict(s), s.proof_commits.rows().begin()->first);
+  }
+}
+
+// A commitment's deposit moves with it, every token accounted for in Totals::escrow: a proof
+// that spends it pays it back to the account that sent the CommitProof (the payer, not the
+// prover: a node's owner may send for it), an expiry forfeits it to the jackpot; a commitment kept
+// without a deposit (one stored before deposits) moves nothing.
+TEST(ProofCommitTest, ADepositGoesBackWithTheProofAndToTheJackpotWhenItExpires) {
+  const Hash256 wid = Blake2b("witness");
+  const PublicKey node = TestKey(1).public_key(), owner = TestKey(2).public_key(),
+                  old = TestKey(3).public_key();
+  LedgerState s = LedgerState::FromGenesis(Genesis{});
+  const Totals start = s.ComputeTotals();
+  auto put = [&](const Hash256& w, const PublicKey& p, const PublicKey& payer, Amount deposit) {
+    const Hash256 k = ProofCommitment(w, p);
+    s.proof_commits.Put(
+        k, ProofCommit{
+               .commitment = k, .prover = p, .height = 10, .payer = payer, .deposit = deposit});
+  };
+  put(wid, node, owner, 100);
+  put(wid, old, old, 0);
+  put(Blake2b("junk"), owner, owner, 70);
+  EXPECT_EQ(s.ComputeTotals().escrow, start.escrow + 170);
+  EXPECT_EQ(TakeProofCommitter(s, wid, node, 11, /*nodes_only=*/false), node);
+  EXPECT_EQ(s.accounts.Find(owner)->balance, 100u);  // back to the payer
+  EXPECT_EQ(s.accounts.Find(node), nullptr);
+  EXPECT_EQ(s.accounts.Find(old), nullptr);  // no deposit, nothing back
+  EXPECT_EQ(s.ComputeTotals().escrow, start.escrow + 70);
+  ExpireProofCommits(s, 10 + kProofCommitmentBlocks);
+  EXPECT_TRUE(s.proof_commits.rows().empty());
+  EXPECT_EQ(s.accounts.Find(owner)->balance, 100u);
+  EXPECT_EQ(s.g().jackpot, start.jackpot + 70);
+  EXPECT_EQ(s.ComputeTotals().escrow, start.escrow);
 }
 
 // Who the ledger links to a cheater (and pays no reward for proving it): the cheater's node key,
@@ -2133,7 +2299,8 @@ TEST_F(FraudProofTest, ALazySolverFallingSilentInAWhistleblowersDisputeLosesItsS
   const Amount slashed = Node(s1_).earnings.slashed;
   EXPECT_GT(slashed, 0u);
   EXPECT_EQ(Node(wb_).earnings.jackpot, slashed);  // the whole bounty: shown on the merits
-  EXPECT_EQ(Balance(erin_) - erin_before, slashed);
+  // The bounty, and the deposit of the commitment the merits spent (paid before erin_before).
+  EXPECT_EQ(Balance(erin_) - erin_before, slashed + genesis_.params.proof_commit_deposit);
   ExpectEarningsAddUpToTheTask();
   EXPECT_TRUE(Rerunning());
 }
@@ -2295,7 +2462,9 @@ TEST_F(FraudProofTest, AVerifierShowsTheMeritsTheWhistleblowerKeptBack) {
   const Amount share = BasisPoints(Node(s1_).earnings.slashed, genesis_.params.slash_jackpot_bps);
   ASSERT_GT(share, 0u);
   EXPECT_EQ(Node(prover).earnings.jackpot, share);
-  EXPECT_EQ(Balance(*owner_.at(prover.public_key())), prover_before + share);
+  // The share, and the deposit of the commitment the merits spent (paid before prover_before).
+  EXPECT_EQ(Balance(*owner_.at(prover.public_key())),
+            prover_before + share + genesis_.params.proof_commit_deposit);
   EXPECT_EQ(Balance(erin_), erin_before);
   ExpectEarningsAddUpToTheTask();
   EXPECT_TRUE(Rerunning());

@@ -35,6 +35,8 @@
 //   referee_blocks = 20                 # the referee's time to rule (0: no limit)
 //   slash_multiple = 10                 # a slash takes this many times the unit's cost
 //   rounds_in_flight = 2                # aggregated rounds that settle while later ones train
+//   serve_bond_per_piece = 100          # a "served nothing" claim's bond, per evidence piece
+//   proof_commit_deposit = 100          # held per kept CommitProof (docs/verification.md)
 //   [[accounts]]
 //   key = "<hex public key>"
 //   balance = 1000000
@@ -110,6 +112,12 @@ struct ChainParams {
   // every piece, back to the sender when it does not (ledger/state.h ServeBond). 0: no bond.
   Amount serve_bond_per_piece = kDefaultServeBondPerPiece;
   static constexpr Amount kDefaultServeBondPerPiece = 100;
+  // The deposit a CommitProof holds from its sender while its commitment is kept: back to the
+  // sender when a proof spends the commitment, to the jackpot when it expires unspent or is
+  // evicted (docs/verification.md, "Commit, then prove": filling the kMaxProofCommitments table
+  // with junk costs that table's deposits every kProofCommitmentBlocks). 0: no deposit.
+  Amount proof_commit_deposit = kDefaultProofCommitDeposit;
+  static constexpr Amount kDefaultProofCommitDeposit = 100;
   bool operator==(const ChainParams&) const = default;
 
   // Every field once, in canonical order: genesis hash, TOML, JSON.
@@ -144,6 +152,7 @@ struct ChainParams {
   template <typename S, typename V>
   static void VisitTail(S& s, V&& v) {
     v("serve_bond_per_piece", s.serve_bond_per_piece);
+    v("proof_commit_deposit", s.proof_commit_deposit);
   }
   // Visit, then VisitTail: every field once, for TOML, JSON and the [params] reader.
   template <typename S, typename V>

@@ -48,11 +48,16 @@ struct Account {
 
 // A prover's commitment to a proof it will send (CommitProofTx; docs/verification.md, "Commit,
 // then prove"), kept by its hash: who sent it and in which block. Counts for proofs in the
-// kProofCommitmentBlocks blocks after `height`, then is dropped.
+// kProofCommitmentBlocks blocks after `height`, then is dropped. `deposit` (genesis
+// params.proof_commit_deposit when it was made) is held from `payer`, the CommitProof's sender:
+// back to it when a proof spends the commitment, to the jackpot when it expires or is evicted
+// (a full table's new commitment evicts one: ProofCommitToEvict). Counted in Totals::escrow.
 struct ProofCommit {
   Hash256 commitment;
   PublicKey prover;
   uint64_t height = 0;
+  PublicKey payer;  // written only with a deposit (EncodeProofCommit)
+  Amount deposit = 0;
   bool operator==(const ProofCommit&) const = default;
 };
 
@@ -625,7 +630,8 @@ struct Totals {
   Amount balances = 0;
   Amount staked = 0;     // bonded on nodes
   Amount unbonding = 0;  // leaving nodes, not yet withdrawn
-  // Task budgets, claimants' serve bonds (WorkUnit::serve_bonds) and open late games' bonds.
+  // Task budgets, claimants' serve bonds (WorkUnit::serve_bonds), open late games' bonds and
+  // kept proof commitments' deposits (ProofCommit::deposit).
   Amount escrow = 0;
   Amount treasury = 0;
   Amount jackpot = 0;
