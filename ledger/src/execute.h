@@ -289,8 +289,8 @@ std::optional<PublicKey> TakeProofCommitter(LedgerState& s, const Hash256& witne
 // deposits forfeited to the jackpot.
 void ExpireProofCommits(LedgerState& s, uint64_t height);
 // The commitment a new CommitProof evicts (its deposit forfeited): none while fewer than
-// kMaxProofCommitments are kept, else the oldest of those whose prover keeps the most (the first
-// in key order among one block's). A scan of the kept table, as a proof's is.
+// kMaxProofCommitments are kept, else the oldest kept (the first in key order among one block's).
+// A scan of the kept table, as a proof's is.
 std::optional<Hash256> ProofCommitToEvict(const LedgerState& s);
 
 // Helpers for executors.

@@ -17,13 +17,14 @@
 // storage"): refusing let 256 accounts x 16 junk commitments, renewed every
 // kProofCommitmentBlocks for their fees, lock every honest prover out (its proof then ruled, its
 // bounty paid to nobody). Now a commitment is never refused for the chain's bound, and the one
-// evicted is the oldest of the prover keeping the most: a prover with one commitment loses it
-// only when every kept commitment is a different prover's one and all older ones went first.
-// Every junk commitment's deposit ends in the jackpot (expired or evicted: no proof spends it),
-// so holding the table costs kMaxProofCommitments deposits per kProofCommitmentBlocks, and
-// pushing one honest commitment out costs as many as are older than it.
+// evicted is the oldest kept: pushing a commitment out takes as many new ones as are older than
+// it, whoever keeps it and however many it keeps (evicting the oldest of the prover keeping the
+// most, the first rule, let single-commitment accounts push a prover with two out for two
+// deposits). Every junk commitment's deposit ends in the jackpot (expired or evicted: no proof
+// spends it), so holding the table costs kMaxProofCommitments deposits per
+// kProofCommitmentBlocks, and pushing one honest commitment out in the block between its
+// CommitProof and its proof costs as many deposits as the table keeps older than it.
 #include <algorithm>
-#include <map>
 #include <optional>
 #include <string>
 
@@ -61,13 +62,10 @@ void ReleaseProofCommit(LedgerState& s, const Hash256& key, bool refund) {
 
 std::optional<Hash256> ProofCommitToEvict(const LedgerState& s) {
   if (s.proof_commits.rows().size() < kMaxProofCommitments) return std::nullopt;
-  std::map<PublicKey, uint32_t> kept;
-  uint32_t most = 0;
-  for (const auto& [k, c] : s.proof_commits.rows()) most = std::max(most, ++kept[c.prover]);
-  // The oldest of the provers keeping `most`; in one block, the first in key order.
+  // The oldest; in one block, the first in key order (rows are in key order, `<` keeps the first).
   const ProofCommit* oldest = nullptr;
   for (const auto& [k, c] : s.proof_commits.rows()) {
-    if (kept[c.prover] == most && (oldest == nullptr || c.height < oldest->height)) oldest = &c;
+    if (oldest == nullptr || c.height < oldest->height) oldest = &c;
   }
   CHECK(oldest != nullptr);
   return oldest->commitment;

@@ -4,9 +4,11 @@
 // a rubber stamp caught by a forced error and by a whistleblower, a crashed solver not slashed,
 // and every new transaction's failure paths. Every block is replayed by a follower (same state
 // hash) and the token invariant is checked after it.
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
+#include <vector>
 
 #include "execute.h"
 #include "meshlearn/base/blob.h"
@@ -1909,10 +1911,12 @@ TEST(ProofCommitTest, TheBountyIsTheEarliestCommitmentABlockOlderAndNotExpired) 
 }
 
 // Which commitment a new CommitProof evicts from a full table (ProofCommitToEvict): none below
-// kMaxProofCommitments; else the oldest of the provers keeping the most, so a prover with one
-// commitment keeps it while anyone keeps two, however old it is. With every prover at one, the
-// oldest goes: pushing a given commitment out takes evicting every older one first.
-TEST(ProofCommitTest, AFullTableEvictsTheOldestOfTheProverKeepingTheMost) {
+// kMaxProofCommitments; else the oldest kept, whoever keeps it and however many it keeps, so
+// pushing a given commitment out takes evicting every older one first. In particular a prover
+// keeping two new commitments (a verifier proving two units at once) is not pushed out by
+// single-commitment accounts for two deposits, which the first rule (the oldest of the prover
+// keeping the most) allowed.
+TEST(ProofCommitTest, AFullTableEvictsTheOldestCommitmentWhoeverKeepsIt) {
   auto key = [](uint32_t i, uint32_t j) { return Hasher("c").UpdateU64(i).UpdateU64(j).Finish(); };
   auto put = [](LedgerState& s, const Hash256& k, const PublicKey& p, uint64_t h) {
     s.proof_commits.Put(k, ProofCommit{.commitment = k, .prover = p, .height = h});
@@ -1922,27 +1926,39 @@ TEST(ProofCommitTest, AFullTableEvictsTheOldestOfTheProverKeepingTheMost) {
     for (int b = 0; b < 4; ++b) p.bytes[b] = static_cast<uint8_t>(i >> (8 * b));
     return p;
   };
-  const PublicKey honest = prover(0), heavy = prover(1);
+  const PublicKey verifier = prover(0);
   {
-    // The honest prover's commitment is the oldest; `heavy` keeps two, everyone else one.
+    // The verifier keeps the two newest commitments; 4,094 accounts one each, all older.
     LedgerState s;
-    put(s, key(0, 0), honest, 1);
-    put(s, key(1, 0), heavy, 7);
-    put(s, key(1, 1), heavy, 5);
-    for (uint32_t i = 3; s.proof_commits.rows().size() < kMaxProofCommitments - 1; ++i) {
-      put(s, key(i, 0), prover(i), 2);
+    put(s, key(0, 0), verifier, 100);
+    put(s, key(0, 1), verifier, 101);
+    for (uint32_t i = 1; s.proof_commits.rows().size() < kMaxProofCommitments - 1; ++i) {
+      put(s, key(i, 0), prover(i), 1 + i % 50);
     }
     EXPECT_EQ(ProofCommitToEvict(s), std::nullopt);  // one slot left
-    put(s, key(2, 0), prover(2), 3);
+    put(s, key(5000, 0), prover(5000), 1);
     ASSERT_EQ(s.proof_commits.rows().size(), kMaxProofCommitments);
-    EXPECT_EQ(ProofCommitToEvict(s), key(1, 1));  // heavy's older one, not the honest one
-    s.proof_commits.Erase(key(1, 1));
-    put(s, key(9999, 0), prover(9999), 8);
-    // Now every prover keeps one: the oldest goes, the honest one at height 1.
-    EXPECT_EQ(ProofCommitToEvict(s), key(0, 0));
+    // Evict one at a time, as new commitments would: every older one goes before the
+    // verifier's, and its height-100 one before its height-101 one.
+    std::vector<uint64_t> heights;
+    for (size_t n = 0; n < kMaxProofCommitments; ++n) {
+      std::optional<Hash256> evicted = ProofCommitToEvict(s);
+      if (!evicted) {
+        put(s, key(6000 + n, 0), prover(6000 + n), 102);  // keep the table full
+        evicted = ProofCommitToEvict(s);
+      }
+      ASSERT_TRUE(evicted.has_value());
+      heights.push_back(s.proof_commits.Find(*evicted)->height);
+      if (*evicted == key(0, 0)) break;
+      ASSERT_NE(*evicted, key(0, 1));
+      s.proof_commits.Erase(*evicted);
+    }
+    ASSERT_EQ(heights.back(), 100u);
+    EXPECT_EQ(heights.size(), kMaxProofCommitments - 1) << "evictions before the verifier's";
+    EXPECT_TRUE(std::is_sorted(heights.begin(), heights.end()));
   }
   {
-    // One block's commitments, every prover at one: the first in key order.
+    // One block's commitments: the first in key order.
     LedgerState s;
     for (uint32_t i = 0; i < kMaxProofCommitments; ++i) put(s, key(i, 0), prover(i), 4);
     EXPECT_EQ(ProofCommitToEvict(s), s.proof_commits.rows().begin()->first);

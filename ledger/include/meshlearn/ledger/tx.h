@@ -909,7 +909,7 @@ struct LateChallengeTx {
 // after the proof it copied was public, never is. Kept kProofCommitmentBlocks blocks, then
 // dropped (EndBlock). Holds genesis params.proof_commit_deposit from the sender: back when a
 // proof spends the commitment, to the jackpot when it expires or is evicted (a chain holding
-// kMaxProofCommitments evicts the oldest of the prover keeping the most). Refused: an all-zero
+// kMaxProofCommitments evicts the oldest kept). Refused: an all-zero
 // commitment, one already kept (a replay), a prover neither the sender nor a node it owns, a
 // prover holding kMaxProofCommitmentsPerProver, a sender that cannot pay the deposit.
 struct CommitProofTx {
@@ -964,7 +964,7 @@ Result<Transaction> DecodeTx(ByteSpan wire);
 // ---- Commit, then prove (CommitProofTx). A commitment counts for proofs in the
 // kProofCommitmentBlocks blocks after its own, and is dropped after them: commitments do not
 // pile up, and the two bounds keep the ledger's scan of them (once per proof) short. The chain's
-// bound never refuses a commitment: a new one evicts the oldest of the prover keeping the most.
+// bound never refuses a commitment: a new one evicts the oldest kept.
 inline constexpr uint64_t kProofCommitmentBlocks = 256;
 inline constexpr uint32_t kMaxProofCommitmentsPerProver = 16;
 inline constexpr uint32_t kMaxProofCommitments = 4096;
