@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -973,13 +974,18 @@ TEST(StagePlaneTest, ACancelledPlaneFailsItsWaitingReceiveAndEveryLaterStep) {
   StagePlane& plane = *nodes[1]->plane;
   plane.BeginStep(0);
   EXPECT_FALSE(plane.awaiting());
+  // The canceller gives up if the receive returns without ever waiting (the test then fails on
+  // its answer below instead of hanging).
+  std::atomic<bool> returned = false;
   std::thread canceller([&] {
-    while (!plane.awaiting()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (!plane.awaiting() && !returned)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     plane.Cancel();
   });
   StageTransfer record;
   Result<std::vector<float>> got =
       plane.link()->Receive(ctx.Key(StageTensorKind::kStageTensorActivation, 0, 1, 0, 0), &record);
+  returned = true;
   canceller.join();
   EXPECT_FALSE(plane.awaiting());
   ASSERT_FALSE(got.ok());

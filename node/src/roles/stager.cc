@@ -257,7 +257,8 @@ void Stager::StopForReplay(const std::string& why) {
 
 Status Stager::Collect(const NodeWork& work) {
   // A held run whose unit is no longer this node's: nothing resumes from it, nor from the tensors
-  // it sent (its received ones stay served until its round is final, as a failed run's do).
+  // it sent (its received ones stay served until the pin review deletes them: its round final, or
+  // the unit no longer in node_work's stage_units; ReleaseEvidence).
   if (held_ && std::none_of(work.units.begin(), work.units.end(), [&](const UnitAssignment& u) {
         return u.task_id == held_->a.task_id && u.index == held_->a.index;
       })) {

@@ -94,7 +94,8 @@ class Stager {
   // (node_work's stage_units: the units the ledger counts against the node's disk), the same of
   // every step of `task` whose unit is not in it: a run the node never committed whose unit
   // expired or was placed on another node, or one whose commit a re-run reset -- no check,
-  // dispute or resume reads them (docs/node.md "Stage units"). A held run of such a unit goes too.
+  // dispute or resume reads them (docs/node.md, "Stage tensors live in files"). A held run of such
+  // a unit goes too.
   void ReleaseEvidence(const Hash256& task, uint32_t finalized,
                        const std::vector<HeldStageUnit>* held = nullptr);
   const StageEvidence& evidence() const { return evidence_; }
