@@ -89,6 +89,20 @@ testing::SimOptions VerifyingPipelineSimOptions(uint64_t seed, const std::string
   return opt;
 }
 
+// Blocks 5 ms apart (the stages train on their own threads meanwhile) until `done`, at most
+// `max_blocks`; whether `done` holds. A block that fails is a test failure.
+bool StepUntil(testing::SimHarness& sim, int max_blocks, const std::function<bool()>& done) {
+  for (int b = 0; b < max_blocks && !done(); ++b) {
+    Status stepped = sim.Step();
+    if (!stepped.ok()) {
+      ADD_FAILURE() << stepped.ToString();
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return done();
+}
+
 json NodeRecordOf(testing::SimHarness& sim, int i) {
   return sim.Call("get_node", {{"id", sim.node_key(i).public_key().ToHex()}});
 }
@@ -333,15 +347,7 @@ TEST(PipelineNetworkTest, AStageRunsFilesAreDeletedOnceItsUnitIsPlacedOnAnotherN
     return names.ok() ? names->size() : 0;
   };
   auto step_until = [&](int max_blocks, const std::function<bool()>& done) {
-    for (int b = 0; b < max_blocks && !done(); ++b) {
-      Status stepped = sim.Step();
-      if (!stepped.ok()) {
-        ADD_FAILURE() << stepped.ToString();
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return done();
+    return StepUntil(sim, max_blocks, done);
   };
   // Replica 1's three stages commit (their units are never placed again here), and the node that
   // sits out has written files of its run.
@@ -883,15 +889,7 @@ TEST(PipelineNetworkTest, AStageRunThatEndsAfterItsUnitWasPlacedAgainIsNotCommit
   Status setup = sim.Setup();
   ASSERT_TRUE(setup.ok()) << setup.ToString();
   auto step_until = [&](int max_blocks, const std::function<bool()>& done) {
-    for (int b = 0; b < max_blocks && !done(); ++b) {
-      Status stepped = sim.Step();
-      if (!stepped.ok()) {
-        ADD_FAILURE() << stepped.ToString();
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return done();
+    return StepUntil(sim, max_blocks, done);
   };
   auto placed = [&] {
     std::lock_guard<std::mutex> lock(mu);
