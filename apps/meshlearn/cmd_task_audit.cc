@@ -171,6 +171,16 @@ bool SendAndWait(ledger::RpcClient& rpc, const KeyPair& key, const std::string& 
   return true;
 }
 
+// Unit `index` of task record `t` (get_task with units), or null where the record lists none.
+const json* UnitOf(const json& t, uint32_t index) {
+  const auto units = t.find("units");  // not value(): that is a copy, the pointer would dangle
+  if (units == t.end() || !units->is_array()) return nullptr;
+  for (const json& u : *units) {
+    if (u.value("index", UINT32_MAX) == index) return &u;
+  }
+  return nullptr;
+}
+
 // What the task's `verification` record says became of unit `index`'s proven fraud, into `out`
 // (the answer AuditUnit::proof keeps; PrintReport's proof line reads it). Returns whether the
 // record lists it as proven.
@@ -207,10 +217,8 @@ json SendProveFraud(ledger::RpcClient& rpc, const KeyPair& key, const std::strin
   // be held until it expired into the jackpot.
   bool still_paid = true;  // where the ledger cannot say, commit as always
   if (Result<json> t = GetTask(rpc, task_id, true); t.ok()) {
-    for (const json& j : t->value("units", json::array())) {
-      if (j.value("index", UINT32_MAX) == u.index) {
-        still_paid = j.value("status", std::string()) == "verified";
-      }
+    if (const json* unit = UnitOf(*t, u.index)) {
+      still_paid = unit->value("status", std::string()) == "verified";
     }
   }
   json commit;
@@ -295,14 +303,12 @@ void RecordLateOutcome(const json& t, uint32_t index, const std::string& challen
   const bool proven = RecordProvenFraud(v, index, out);
   (*out)["proven"] = proven;
   if (proven || ruled || defender.empty()) return;
-  for (const json& u : t.value("units", json::array())) {
-    if (u.value("index", UINT32_MAX) != index) continue;
-    // The game closes moot when its unit is no longer the verified work of its defender
-    // (ledger LateGameMoot); after a silence the unit stays so.
-    if (u.value("status", std::string()) != "verified" ||
-        u.value("assignee", std::string()) != defender) {
-      (*out)["ruled"] = "moot";
-    }
+  // The game closes moot when its unit is no longer the verified work of its defender
+  // (ledger LateGameMoot); after a silence the unit stays so.
+  if (const json* u = UnitOf(t, index);
+      u != nullptr && (u->value("status", std::string()) != "verified" ||
+                       u->value("assignee", std::string()) != defender)) {
+    (*out)["ruled"] = "moot";
   }
 }
 
