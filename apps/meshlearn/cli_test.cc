@@ -611,7 +611,8 @@ TEST(Cli, NodeRunOnPortZeroAnnouncesThePortItBound) {
   auto write_config = [&](const std::string& rpc, const std::string& listen,
                           const std::string& extra = "") {
     std::ofstream(config) << "data_dir = \"node\"\nrpc = \"" << rpc << "\"\nlisten = \"" << listen
-                          << "\"\n" << extra << "stake = 200\nheartbeat_blocks = 2\n"
+                          << "\"\n"
+                          << extra << "stake = 200\nheartbeat_blocks = 2\n"
                           << "[capabilities]\nthroughput = 1000000000\nmemory_bytes = 1073741824\n"
                           << "cores = 1\n";
   };

@@ -77,6 +77,19 @@ struct NodeConfig {
   uint64_t bandwidth_bytes_per_s = 100'000'000;
 };
 
+// `listen`: "host:port" (net::ParseHostPort), or "host:0": the server binds a free port.
+Status ParseListen(const std::string& listen, std::string* host, uint16_t* port) {
+  const size_t start = listen.rfind("http://", 0) == 0 ? 7 : 0;  // as ParseHostPort
+  const size_t colon = listen.rfind(':');
+  if (colon != std::string::npos && colon > start &&
+      listen.compare(colon + 1, std::string::npos, "0") == 0) {
+    *host = listen.substr(start, colon - start);
+    *port = 0;
+    return Status::Ok();
+  }
+  return net::ParseHostPort(listen, host, port);
+}
+
 Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   Env* env = Env::Default();
   if (!env->FileExists(path)) {
@@ -98,9 +111,9 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   ML_ASSIGN_OR_RETURN(n.rpc, c.GetString("rpc", n.rpc));
   ML_ASSIGN_OR_RETURN(n.listen, c.GetString("listen", n.listen));
   uint16_t listen_port = 0;
+  std::string listen_host;
   {
-    std::string host;
-    Status s = net::ParseHostPort(n.listen, &host, &listen_port);
+    Status s = ParseListen(n.listen, &listen_host, &listen_port);
     if (!s.ok()) return c.Error("listen", "must be \"host:port\" (e.g. \"0.0.0.0:7801\"): " + s.message());
   }
   ML_ASSIGN_OR_RETURN(n.endpoint, c.GetString("endpoint", ""));
@@ -116,17 +129,17 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
     n.endpoint_from_bound = true;
   }
   if (n.endpoint.empty()) n.endpoint = n.listen;
-  {
+  if (n.endpoint_from_bound && listen_host == "0.0.0.0") {
+    return c.Error("listen", "is \"" + n.listen + "\": with port 0 the endpoint peers dial is "
+                             "the bound address, and 0.0.0.0 cannot be dialed; listen on this "
+                             "machine's address (e.g. \"127.0.0.1:0\"), or give listen a fixed "
+                             "port and set endpoint");
+  }
+  if (!n.endpoint_from_bound) {
     std::string host;
     uint16_t port = 0;
-    if (!net::ParseHostPort(n.endpoint, &host, &port).ok() || (port == 0 && !n.endpoint_from_bound)) {
+    if (!net::ParseHostPort(n.endpoint, &host, &port).ok()) {
       return c.Error("endpoint", "must be \"host:port\" that other nodes can dial, e.g. \"203.0.113.5:7801\"");
-    }
-    if (host == "0.0.0.0" && n.endpoint_from_bound) {
-      return c.Error("listen", "is \"" + n.listen + "\": with port 0 the endpoint peers dial is "
-                               "the bound address, and 0.0.0.0 cannot be dialed; listen on this "
-                               "machine's address (e.g. \"127.0.0.1:0\"), or give listen a fixed "
-                               "port and set endpoint");
     }
     if (host == "0.0.0.0") {
       return c.Error("endpoint", "is 0.0.0.0, which peers cannot dial; set endpoint to this machine's address");
@@ -469,7 +482,7 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   server_ptr = &server;
   std::string host;
   uint16_t port = 0;
-  ML_RETURN_IF_ERROR(net::ParseHostPort(c.listen, &host, &port));
+  ML_RETURN_IF_ERROR(ParseListen(c.listen, &host, &port));
   Result<uint16_t> bound = server.Start(host, port);
   if (!bound.ok()) {
     return bound.status().WithPrefix("cannot serve blobs on listen = \"" + c.listen + "\" (" +

@@ -137,7 +137,9 @@ NodeAgent::~NodeAgent() = default;
 void NodeAgent::set_endpoint(std::string endpoint) {
   CHECK(!ticked_) << "NodeAgent::set_endpoint after the first Tick";
   options_.endpoint = std::move(endpoint);  // node_ reads options_ by reference
-  if (self_transport_) self_transport_->set_endpoint(options_.endpoint);
+  if (self_transport_) {
+    static_cast<SelfRoutedTransport*>(self_transport_.get())->set_endpoint(options_.endpoint);
+  }
 }
 
 void NodeAgent::RegisterServices(net::Router* router) {
