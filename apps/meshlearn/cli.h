@@ -85,6 +85,14 @@ void AddAllCommands(CLI::App& root, GlobalOptions& g);
 //
 //   OwnRange(cmd->add_option("--tokens", tokens, "..."));
 CLI::Option* OwnRange(CLI::Option* opt);
+// Where `meshlearn node run` says which address it bound, once its server listens:
+// {"pid": ..., "listen": "host:port", "endpoint": "host:port"}, written atomically after the bind
+// (a parent that started the node with `listen = "host:0"` reads the port from it; it checks pid:
+// a file left by an earlier run names another). docs/operators.md.
+inline std::string NodeListenFile(const std::string& data_dir) {
+  return JoinPath(data_dir, "listen.json");
+}
+
 Result<uint64_t> ParseUnsigned(std::string_view text, std::string_view what);
 Result<int64_t> ParseSigned(std::string_view text, std::string_view what);
 // CLI11 validators that refuse anything else and rewrite the value in canonical decimal (so

@@ -600,6 +600,71 @@ TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
   }
 }
 
+// `node run` with listen = "127.0.0.1:0" binds a free port itself (no port is picked, freed and
+// handed to it, for another socket to take first): the ledger's record of the node carries the
+// port it bound, the same one it reports in <data_dir>/listen.json, and it answers there. A fixed
+// endpoint beside port 0 (the advertised port could not be the bound one), or 0.0.0.0:0 (the
+// derived endpoint could not be dialed), is refused at start, naming the keys.
+TEST(Cli, NodeRunOnPortZeroAnnouncesThePortItBound) {
+  const std::string home = TempHome();
+  const std::string config = home + "/node.toml";
+  auto write_config = [&](const std::string& rpc, const std::string& listen,
+                          const std::string& extra = "") {
+    std::ofstream(config) << "data_dir = \"node\"\nrpc = \"" << rpc << "\"\nlisten = \"" << listen
+                          << "\"\n"
+                          << extra << "stake = 200\nheartbeat_blocks = 2\n"
+                          << "[capabilities]\nthroughput = 1000000000\nmemory_bytes = 1073741824\n"
+                          << "cores = 1\n";
+  };
+  write_config("http://127.0.0.1:1", "127.0.0.1:0", "endpoint = \"127.0.0.1:7801\"\n");
+  CmdResult fixed = Meshlearn("node run --config " + config, home);
+  EXPECT_EQ(fixed.code, 1) << fixed.out;
+  EXPECT_NE(fixed.out.find(config + ": endpoint is \"127.0.0.1:7801\" while listen = "
+                                    "\"127.0.0.1:0\""),
+            std::string::npos)
+      << fixed.out;
+  write_config("http://127.0.0.1:1", "0.0.0.0:0");
+  CmdResult any = Meshlearn("node run --config " + config, home);
+  EXPECT_EQ(any.code, 1) << any.out;
+  EXPECT_NE(any.out.find(config + ": listen is \"0.0.0.0:0\""), std::string::npos) << any.out;
+
+  write_config("http://127.0.0.1:1", "127.0.0.1:0");  // node init does not call the ledger
+  CmdResult init = Meshlearn("--json node init --config " + config, home);
+  ASSERT_EQ(init.code, 0) << init.out;
+  const std::string node_id = json::parse(init.out)["node_id"];
+  ChainServer chain(home, "--fund " + node_id + "=1000000");
+  ASSERT_FALSE(chain.url().empty()) << ReadText(home + "/serve.out");
+  const std::string chain_addr = chain.url().substr(std::string("http://").size());
+  write_config(chain.url(), "127.0.0.1:0");
+  const std::string log = home + "/node.log";
+  meshlearn::process_test::Child node(home, log, {"node", "run", "--config", config});
+  const std::string bound = meshlearn::process_test::NodeEndpoint(node, home + "/node");
+  ASSERT_FALSE(bound.empty()) << ReadText(log);
+  ASSERT_EQ(bound.rfind("127.0.0.1:", 0), 0u) << bound;
+  EXPECT_NE(bound, "127.0.0.1:0");
+  // The ledger's record: registered at the bound port.
+  std::string registered;
+  for (int i = 0; i < 600 && registered.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto answer = meshlearn::process_test::HttpRequest(
+        chain_addr, "/",
+        R"({"jsonrpc":"2.0","id":1,"method":"list_nodes","params":{"limit":100}})");
+    const json j = json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("result")) continue;
+    for (const json& n : j["result"].value("items", json::array())) {
+      if (n.value("id", "") == node_id && n.value("status", "") == "active") {
+        registered = n.value("endpoint", "");
+      }
+    }
+  }
+  EXPECT_EQ(registered, bound) << ReadText(log);
+  EXPECT_NE(ReadText(log).find("advertised as " + bound), std::string::npos) << ReadText(log);
+  // It answers there.
+  const auto metrics = meshlearn::process_test::HttpRequest(bound, "/metrics");
+  EXPECT_EQ(metrics.status, 200) << metrics.headers;
+  EXPECT_NE(metrics.body.find("meshlearn_node_chain_height"), std::string::npos) << metrics.body;
+}
+
 // `node run` declares the disk it offers to pipeline stage files (the ledger places stages by
 // it): a limit above the free space of its data dir, from --disk-limit or node.toml's
 // disk_limit_bytes, is refused at start, naming where it came from and the fix, before the node
@@ -607,12 +672,10 @@ TEST(Cli, DevnetHelpNamesEveryAdversaryMode) {
 TEST(Cli, NodeRunRefusesADiskLimitAboveItsDataDirsFreeSpace) {
   const std::string home = TempHome();
   const std::string dir = meshlearn::process_test::TempDir("cli-node-disk");
-  const uint16_t port = meshlearn::process_test::FreePort();
   auto write_config = [&](const std::string& extra) {
     std::ofstream(dir + "/node.toml") << "data_dir = \"data\"\n"
                                       << "rpc = \"http://127.0.0.1:1\"\n"
-                                      << "listen = \"127.0.0.1:" << port << "\"\n"
-                                      << "endpoint = \"127.0.0.1:7801\"\n"
+                                      << "listen = \"127.0.0.1:0\"\n"
                                       << extra << "[capabilities]\n"
                                       << "throughput = 1000000000\n";
   };

@@ -27,10 +27,8 @@
 // SIGKILLs whichever candidate leads when round R starts; the report lists every change of the
 // block signer on the chain with its gap (the time between the last block of the old leader and
 // the first of the new one).
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -399,26 +397,57 @@ struct Fleet {
   ~Fleet() { StopAll(children, 5000); }
 };
 
-Result<uint16_t> FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Internal("socket() failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return Internal("bind() to a free loopback port failed");
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 Status Interrupted() {
   return Unavailable(fmt::format("interrupted by signal {}; every devnet process was stopped",
                                  g_stop_signal.load()));
+}
+
+// A child bound port 0 and says where it listens (no port is picked here, freed and handed over:
+// another socket could take it in between). Polls `read` every 50 ms for up to `seconds`; fails
+// when the child exits first, or on Ctrl-C.
+Result<std::string> WaitForBound(const Child& c, int seconds,
+                                 const std::function<std::string()>& read) {
+  for (int i = 0; i < seconds * 20; ++i) {
+    if (g_stop_signal.load()) return Interrupted();
+    std::string where = read();
+    if (!where.empty()) return where;
+    if (waitpid(c.pid, nullptr, WNOHANG) == c.pid) {
+      return Internal(c.name + " exited during start-up; see " + c.log);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return DeadlineExceeded(fmt::format("{} did not say where it listens within {} s; see {}",
+                                      c.name, seconds, c.log));
+}
+
+// `meshlearn --json chain serve --listen 127.0.0.1:0`: its url, from the first line of its
+// stdout ({"url": ...}, printed once it listens); its log lines (stderr) share the file.
+Result<std::string> ChainServeUrl(Env* env, const Child& c) {
+  return WaitForBound(c, 30, [&]() -> std::string {
+    Result<std::string> text = env->ReadFile(c.log);
+    if (!text.ok()) return "";
+    for (size_t at = 0, eol; (eol = text->find('\n', at)) != std::string::npos; at = eol + 1) {
+      if ((*text)[at] != '{') continue;
+      json j = json::parse(text->substr(at, eol - at), nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("url") && j["url"].is_string()) return j["url"].get<std::string>();
+    }
+    return "";
+  });
+}
+
+// `meshlearn node run` with listen = "127.0.0.1:0": the endpoint it bound and announces, from
+// NodeListenFile (written atomically after the bind; its pid tells it from an earlier run's).
+Result<std::string> NodeBoundEndpoint(Env* env, const Child& c, const std::string& data_dir) {
+  return WaitForBound(c, 60, [&]() -> std::string {
+    Result<std::string> text = env->ReadFile(NodeListenFile(data_dir));
+    if (!text.ok()) return "";
+    json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer() ||
+        j["pid"].get<int64_t>() != c.pid || !j.contains("endpoint") || !j["endpoint"].is_string()) {
+      return "";
+    }
+    return j["endpoint"].get<std::string>();
+  });
 }
 
 template <typename T>
@@ -1023,10 +1052,9 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   std::vector<std::string> cand_urls;
   std::vector<size_t> cand_child;  // index in fleet.children
   for (size_t i = 0; i < cand_dirs.size(); ++i) {
-    ML_ASSIGN_OR_RETURN(uint16_t port, FreePort());
-    std::vector<std::string> args = {"chain",        "serve",    "--dir",
-                                     cand_dirs[i],   "--listen", fmt::format("127.0.0.1:{}", port),
-                                     "--rate-limit", "0"};
+    // Port 0, read back from its --json first line: ChainServeUrl.
+    std::vector<std::string> args = {"--json",   "chain",       "serve",        "--dir", cand_dirs[i],
+                                     "--listen", "127.0.0.1:0", "--rate-limit", "0"};
     if (replicated) {
       for (const std::string& s :
            {std::string("--cluster"), etcd.ClientUrls(), std::string("--key"), cand_keys[i]}) {
@@ -1037,7 +1065,8 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
     ML_ASSIGN_OR_RETURN(Child c, Spawn(name, args, JoinPath(dir, "logs/" + name + ".log"), home));
     cand_child.push_back(fleet.children.size());
     fleet.children.push_back(c);
-    cand_urls.push_back(fmt::format("http://127.0.0.1:{}", port));
+    ML_ASSIGN_OR_RETURN(std::string url, ChainServeUrl(env, c));
+    cand_urls.push_back(url);
   }
   std::string rpc_url;  // every candidate, comma-separated: clients fail over (rpc_client.h)
   for (const std::string& u : cand_urls) rpc_url += (rpc_url.empty() ? "" : ",") + u;
@@ -1080,26 +1109,26 @@ Status RunDevnet(GlobalOptions& g, const DevnetArgs& a,
   std::vector<std::string> node_addr(total_nodes);  // host:port of its data plane and /metrics
   std::map<std::string, std::string> endpoint_dir;
   auto start_node = [&](int i) -> Status {
-    ML_ASSIGN_OR_RETURN(uint16_t port, FreePort());
     // A path inside node.toml is relative to node.toml's folder (docs/paths.md): "." here.
     const std::string path = JoinPath(node_dirs[i], "node.toml");
     std::string cfg = fmt::format(
-        "data_dir = \"{}\"\nrpc = \"{}\"\nlisten = \"127.0.0.1:{}\"\nroles = \"{}\"\n"
+        "data_dir = \"{}\"\nrpc = \"{}\"\nlisten = \"127.0.0.1:0\"\nroles = \"{}\"\n"
         "price = {}\nstake = {}\nheartbeat_blocks = 5\nspeed_factor = {}\n",
-        PathForFile(path, node_dirs[i]), rpc_url, port, roles_of(i), a.price, kNodeStake,
+        PathForFile(path, node_dirs[i]), rpc_url, roles_of(i), a.price, kNodeStake,
         speeds.count(i) ? speeds[i] : 1.0);
     if (adversary_of.count(i)) cfg += fmt::format("adversary = \"{}\"\n", adversary_of[i]);
     if (kills.count(i)) cfg += fmt::format("crash_in_unit = {}\n", kills[i]);
     if (limited(i)) cfg += fmt::format("memory_limit_bytes = {}\n", memory_limit);
     cfg += fmt::format("[capabilities]\nthroughput = {}\n", machine.flops_per_s);
     if (limited(i)) cfg += fmt::format("memory_bytes = {}\n", memory_limit);
-    node_addr[i] = fmt::format("127.0.0.1:{}", port);
-    endpoint_dir[node_addr[i]] = node_dirs[i];
     ML_RETURN_IF_ERROR(env->WriteFileAtomic(path, cfg));
     ML_ASSIGN_OR_RETURN(Child c, Spawn(fmt::format("node{}", i), {"node", "run", "--config", path},
                                        JoinPath(dir, fmt::format("logs/node{}.log", i)), home));
     node_child[i] = fleet.children.size();
     fleet.children.push_back(c);
+    // listen port 0: the node binds a free port and announces it; read it back.
+    ML_ASSIGN_OR_RETURN(node_addr[i], NodeBoundEndpoint(env, c, node_dirs[i]));
+    endpoint_dir[node_addr[i]] = node_dirs[i];
     return Status::Ok();
   };
   int started = 0;

@@ -51,6 +51,9 @@ struct NodeConfig {
   std::string rpc = "http://127.0.0.1:7700";
   std::string listen = "127.0.0.1:7801";
   std::string endpoint;  // default: listen
+  // listen has port 0 and no endpoint is set: the endpoint is the address the server binds
+  // (RunNode sets it once bound).
+  bool endpoint_from_bound = false;
   uint32_t roles = ledger::kRoleSolver | ledger::kRoleAggregator;
   uint64_t price = 1;
   uint64_t stake = 1000;
@@ -74,6 +77,19 @@ struct NodeConfig {
   uint64_t bandwidth_bytes_per_s = 100'000'000;
 };
 
+// `listen`: "host:port" (net::ParseHostPort), or "host:0": the server binds a free port.
+Status ParseListen(const std::string& listen, std::string* host, uint16_t* port) {
+  const size_t start = listen.rfind("http://", 0) == 0 ? 7 : 0;  // as ParseHostPort
+  const size_t colon = listen.rfind(':');
+  if (colon != std::string::npos && colon > start &&
+      listen.compare(colon + 1, std::string::npos, "0") == 0) {
+    *host = listen.substr(start, colon - start);
+    *port = 0;
+    return Status::Ok();
+  }
+  return net::ParseHostPort(listen, host, port);
+}
+
 Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   Env* env = Env::Default();
   if (!env->FileExists(path)) {
@@ -94,18 +110,35 @@ Result<NodeConfig> LoadNodeConfig(const std::string& path) {
   n.data_dir = ResolveInFile(path, n.data_dir);  // relative to node.toml's folder (docs/paths.md)
   ML_ASSIGN_OR_RETURN(n.rpc, c.GetString("rpc", n.rpc));
   ML_ASSIGN_OR_RETURN(n.listen, c.GetString("listen", n.listen));
+  uint16_t listen_port = 0;
+  std::string listen_host;
   {
-    std::string host;
-    uint16_t port = 0;
-    Status s = net::ParseHostPort(n.listen, &host, &port);
+    Status s = ParseListen(n.listen, &listen_host, &listen_port);
     if (!s.ok()) return c.Error("listen", "must be \"host:port\" (e.g. \"0.0.0.0:7801\"): " + s.message());
   }
   ML_ASSIGN_OR_RETURN(n.endpoint, c.GetString("endpoint", ""));
+  if (listen_port == 0) {
+    // Port 0: the server picks a free port when it starts; what peers dial is derived from it.
+    if (!n.endpoint.empty()) {
+      return c.Error("endpoint", "is \"" + n.endpoint + "\" while listen = \"" + n.listen +
+                                     "\" takes whatever port is free when the node starts: the "
+                                     "advertised port could not be the bound one. Remove endpoint "
+                                     "(the node then announces the address it bound), or give "
+                                     "listen a fixed port");
+    }
+    n.endpoint_from_bound = true;
+  }
   if (n.endpoint.empty()) n.endpoint = n.listen;
-  {
+  if (n.endpoint_from_bound && listen_host == "0.0.0.0") {
+    return c.Error("listen", "is \"" + n.listen + "\": with port 0 the endpoint peers dial is "
+                             "the bound address, and 0.0.0.0 cannot be dialed; listen on this "
+                             "machine's address (e.g. \"127.0.0.1:0\"), or give listen a fixed "
+                             "port and set endpoint");
+  }
+  if (!n.endpoint_from_bound) {
     std::string host;
     uint16_t port = 0;
-    if (!net::ParseHostPort(n.endpoint, &host, &port).ok() || port == 0) {
+    if (!net::ParseHostPort(n.endpoint, &host, &port).ok()) {
       return c.Error("endpoint", "must be \"host:port\" that other nodes can dial, e.g. \"203.0.113.5:7801\"");
     }
     if (host == "0.0.0.0") {
@@ -449,14 +482,25 @@ Status RunDaemon(GlobalOptions& g, const NodeArgs& a) {
   server_ptr = &server;
   std::string host;
   uint16_t port = 0;
-  ML_RETURN_IF_ERROR(net::ParseHostPort(c.listen, &host, &port));
+  ML_RETURN_IF_ERROR(ParseListen(c.listen, &host, &port));
   Result<uint16_t> bound = server.Start(host, port);
   if (!bound.ok()) {
     return bound.status().WithPrefix("cannot serve blobs on listen = \"" + c.listen + "\" (" +
                                      c.path + "); is the port in use?");
   }
+  if (c.endpoint_from_bound) {
+    c.endpoint = host + ":" + std::to_string(*bound);
+    agent.set_endpoint(c.endpoint);
+  }
   ML_LOG_INFO("serving blobs on {}:{} (metrics at http://{}:{}/metrics), advertised as {}; ledger {}",
               host, *bound, host, *bound, c.endpoint, c.rpc);
+  {
+    // After the bind, so a parent that reads it (cmd_devnet.cc) finds the port listening.
+    const json where = {{"pid", static_cast<int64_t>(getpid())},
+                        {"listen", host + ":" + std::to_string(*bound)},
+                        {"endpoint", c.endpoint}};
+    ML_RETURN_IF_ERROR(env->WriteFileAtomic(NodeListenFile(c.data_dir), where.dump() + "\n"));
+  }
 
   Status loop_status;
   std::atomic<bool> self_stop{false};
@@ -563,6 +607,7 @@ void AddNode(CLI::App& root, GlobalOptions& g) {
       "  rpc = \"http://127.0.0.1:7700\"     # the ledger\n"
       "  listen = \"127.0.0.1:7801\"         # blob server\n"
       "  endpoint = \"\"                     # what peers dial; default = listen\n"
+      "                                    # (listen port 0: a free port; endpoint left unset)\n"
       "  roles = \"solver,aggregator\"       # also verifier, whistleblower\n"
       "  price = 1                         # tokens per 10^9 training FLOPs\n"
       "  stake = 1000                      # bonded at registration\n"

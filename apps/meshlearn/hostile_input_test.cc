@@ -37,7 +37,6 @@ namespace {
 
 using meshlearn::process_test::ChainServer;
 using meshlearn::process_test::CmdResult;
-using meshlearn::process_test::FreePort;
 using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
 // A shell command line, stderr with stdout.
@@ -576,8 +575,7 @@ TEST(HomeLayout, NodeDataDirIsAWalletHome) {
   ASSERT_FALSE(chain.url().empty()) << ReadText(home + "/serve.out");
   const std::string data = home + "/node";
   const std::string config = home + "/node.toml";
-  WriteText(config, "data_dir = \"node\"\nrpc = \"" + chain.url() + "\"\nlisten = \"127.0.0.1:" +
-                        std::to_string(FreePort()) + "\"\nstake = 200\nheartbeat_blocks = 2\n"
+  WriteText(config, "data_dir = \"node\"\nrpc = \"" + chain.url() + "\"\nlisten = \"127.0.0.1:0\"\nstake = 200\nheartbeat_blocks = 2\n"
                         "[capabilities]\nthroughput = 1000000000\nmemory_bytes = 1073741824\n"
                         "cores = 1\n");
   CmdResult init = Meshlearn("--json node init --config " + config, home);
@@ -686,8 +684,7 @@ TEST(ShortIds, PrintedTxAndNodePrefixesAreAccepted) {
   // A node, registered; `wallet stake` by the 12-digit prefix `task audit` prints.
   const std::string config = home + "/node.toml";
   WriteText(config, "data_dir = \"node\"\nrpc = \"" + chain.url() +
-                        "\"\nlisten = \"127.0.0.1:" + std::to_string(FreePort()) +
-                        "\"\nstake = 200\nheartbeat_blocks = 2\n"
+                        "\"\nlisten = \"127.0.0.1:0\"\nstake = 200\nheartbeat_blocks = 2\n"
                         "[capabilities]\nthroughput = 1000000000\nmemory_bytes = 1073741824\n"
                         "cores = 1\n");
   CmdResult init = Meshlearn("--json node init --config " + config, home);

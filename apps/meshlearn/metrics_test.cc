@@ -15,7 +15,6 @@ namespace {
 using meshlearn::process_test::ChainServer;
 using meshlearn::process_test::Child;
 using meshlearn::process_test::CmdResult;
-using meshlearn::process_test::FreePort;
 using meshlearn::process_test::HttpGet;
 using meshlearn::process_test::Meshlearn;
 using meshlearn::process_test::ReadText;
@@ -39,10 +38,8 @@ bool HavePromtool() { return Shell("command -v promtool").code == 0; }
 TEST(Metrics, ChainServeAndNodeRunServePrometheusText) {
   const std::string home = meshlearn::process_test::TempDir("metrics");
   const std::string config = home + "/node.toml";
-  const uint16_t port = FreePort();
   auto write_config = [&](const std::string& rpc) {
-    std::ofstream(config) << "data_dir = \"node\"\nrpc = \"" << rpc << "\"\nlisten = \"127.0.0.1:"
-                          << port << "\"\nstake = 200\nheartbeat_blocks = 2\n"
+    std::ofstream(config) << "data_dir = \"node\"\nrpc = \"" << rpc << "\"\nlisten = \"127.0.0.1:0\"\nstake = 200\nheartbeat_blocks = 2\n"
                           << "[capabilities]\nthroughput = 1000000000\nmemory_bytes = 1073741824\n"
                           << "cores = 1\n";
   };
@@ -57,7 +54,9 @@ TEST(Metrics, ChainServeAndNodeRunServePrometheusText) {
   write_config(chain.url());
   const std::string log = home + "/node.log";
   Child node(home, log, {"node", "run", "--config", config});
-  const std::string node_addr = "127.0.0.1:" + std::to_string(port);
+  // listen port 0: the node binds a free port and says which (listen.json in its data dir).
+  const std::string node_addr = meshlearn::process_test::NodeEndpoint(node, home + "/node");
+  ASSERT_FALSE(node_addr.empty()) << ReadText(log);
 
   // The node's page once it acted on a block, then again two blocks later.
   std::string node_first;
@@ -66,7 +65,7 @@ TEST(Metrics, ChainServeAndNodeRunServePrometheusText) {
     node_first = HttpGet(node_addr, "/metrics");
   }
   ASSERT_GT(Value(node_first, "meshlearn_node_chain_height"), 0) << node_first << ReadText(log);
-  EXPECT_NE(ReadText(log).find("metrics at http://127.0.0.1:" + std::to_string(port) + "/metrics"),
+  EXPECT_NE(ReadText(log).find("metrics at http://" + node_addr + "/metrics"),
             std::string::npos);
   std::string node_second;
   const double h1 = Value(node_first, "meshlearn_node_chain_height");

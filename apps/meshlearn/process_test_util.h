@@ -79,19 +79,6 @@ inline std::string WaitFor(const std::string& path, const std::string& before,
   return "";
 }
 
-// A free TCP port on 127.0.0.1 (free when asked; a listener should bind it soon after).
-inline uint16_t FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // `meshlearn ARGS...` as a child process with $MESHLEARN_HOME = `home`, stdout and stderr to
 // `log`; sent `stop_signal` (SIGINT: as Ctrl-C) and reaped when destroyed.
 class Child {
@@ -118,6 +105,7 @@ class Child {
   }
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
+  pid_t pid() const { return pid_; }
 
  private:
   int stop_signal_;
@@ -156,14 +144,33 @@ class ChainServer {
   std::string url_;
 };
 
-// GET http://host:port/path (HTTP/1.0 over a plain socket): the status code (0 on any failure to
-// connect or read), the header block and the body.
+// The endpoint a `node run` child (`listen = "127.0.0.1:0"` in its node.toml: no port is picked
+// here and handed over, for another socket to take first) bound and announces: from
+// <data_dir>/listen.json, written atomically after the bind (NodeListenFile, cli.h), once it names
+// this child's pid. "" after `seconds`.
+inline std::string NodeEndpoint(const Child& node, const std::string& data_dir, int seconds = 60) {
+  const std::string path = data_dir + "/listen.json";
+  const std::string pid = "\"pid\":" + std::to_string(node.pid()) + ",";
+  const std::string pid_last = "\"pid\":" + std::to_string(node.pid()) + "}";
+  for (int i = 0; i < seconds * 10; ++i) {
+    const std::string text = ReadText(path);
+    if (text.find(pid) != std::string::npos || text.find(pid_last) != std::string::npos) {
+      return WaitFor(path, "\"endpoint\":\"", "0123456789.:", 1, 3);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return "";
+}
+
+// GET http://host:port/path (HTTP/1.0 over a plain socket), or POST `post_json` there when it is
+// not empty: the status code (0 on any failure to connect or read), the header block and the body.
 struct HttpAnswer {
   int status = 0;
   std::string headers;  // the status line and header lines, as received
   std::string body;
 };
-inline HttpAnswer HttpRequest(const std::string& url_host_port, const std::string& path) {
+inline HttpAnswer HttpRequest(const std::string& url_host_port, const std::string& path,
+                              const std::string& post_json = "") {
   const size_t colon = url_host_port.rfind(':');
   if (colon == std::string::npos) return {};
   const int port = std::atoi(url_host_port.c_str() + colon + 1);
@@ -176,7 +183,11 @@ inline HttpAnswer HttpRequest(const std::string& url_host_port, const std::strin
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::string response;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    const std::string request =
+        post_json.empty()
+            ? "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"
+            : "POST " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                  "Content-Length: " + std::to_string(post_json.size()) + "\r\n\r\n" + post_json;
     if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
         static_cast<ssize_t>(request.size())) {
       char buf[4096];

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshlearn/base/check.h"
 #include "meshlearn/base/home_layout.h"
 #include "roles/aggregator.h"
 #include "roles/disputes.h"
@@ -50,9 +51,12 @@ class SelfRoutedTransport final : public net::Transport {
     if (!done()) inner_->WaitUntil(done);
   }
 
+  // REQUIRES: no request in flight (NodeAgent::set_endpoint: before the first Tick).
+  void set_endpoint(std::string endpoint) { endpoint_ = std::move(endpoint); }
+
  private:
   net::Transport* inner_;
-  const std::string endpoint_;
+  std::string endpoint_;
   const net::Router* self_;
   std::mutex mu_;
   std::vector<std::pair<net::ResponseCallback, Result<Bytes>>> ready_;
@@ -129,6 +133,14 @@ NodeAgent::NodeAgent(AgentDeps deps, AgentOptions options)
 }
 
 NodeAgent::~NodeAgent() = default;
+
+void NodeAgent::set_endpoint(std::string endpoint) {
+  CHECK(!ticked_) << "NodeAgent::set_endpoint after the first Tick";
+  options_.endpoint = std::move(endpoint);  // node_ reads options_ by reference
+  if (self_transport_) {
+    static_cast<SelfRoutedTransport*>(self_transport_.get())->set_endpoint(options_.endpoint);
+  }
+}
 
 void NodeAgent::RegisterServices(net::Router* router) {
   blob_service_->Register(router);
@@ -273,6 +285,7 @@ void NodeAgent::HandleOutcomes() {
 // ---- The tick --------------------------------------------------------------------------------
 
 Result<TickReport> NodeAgent::Tick() {
+  ticked_ = true;
   TickReport report;
   ML_ASSIGN_OR_RETURN(std::optional<NodeWork> work, Prepare(&report));
   if (replay_ran_at_ && report.height >= *replay_ran_at_) {

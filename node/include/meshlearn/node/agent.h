@@ -343,6 +343,10 @@ class NodeAgent {
   // "unit.manifest", "unit.checkpoint".
   void RegisterServices(net::Router* router);
 
+  // The endpoint registered and announced (AgentOptions::endpoint), for a node that learns it only
+  // once its server has bound a port (`listen = "host:0"`). REQUIRES: before the first Tick().
+  void set_endpoint(std::string endpoint);
+
   Result<TickReport> Tick();
 
   const PublicKey& id() const { return deps_.key.public_key(); }
@@ -405,6 +409,7 @@ class NodeAgent {
 
   AgentDeps deps_;
   AgentOptions options_;
+  bool ticked_ = false;  // set_endpoint's precondition
   std::unique_ptr<TxSender> tx_;
   std::unique_ptr<net::BlobService> blob_service_;
   std::unique_ptr<BlobUploadService> upload_service_;
