@@ -399,12 +399,13 @@ class HttpGate::Impl {
   // sends is read and dropped for a while so that it reads the reply rather than a reset.
   Next Refuse(Conn& c, int status, const std::string& message, int64_t now) {
     Release(c.reserved);
-    SendNow(c.fd, Refusal(status, message));
-    shutdown(c.fd, SHUT_WR);
-    // Counted once the answer is on its way (tests wait for the counters, then read).
+    // Counted before the answer is sent: a client that has read it sees it counted (a test that
+    // reads the answer, then the counter, raced the increment when it came after the send).
     if (status == 413) ++refused_too_large_;
     if (status == 503) ++refused_busy_;
     if (status == 408) ++timed_out_;
+    SendNow(c.fd, Refusal(status, message));
+    shutdown(c.fd, SHUT_WR);
     c.phase = Conn::Phase::kDrain;
     c.deadline_ms = now + kDrainMs;
     std::string().swap(c.buf);
