@@ -319,6 +319,17 @@ class VerificationTest : public FollowedChainFixture {
       Step();
     }
   }
+  // Units `a` and `b` committed honestly and aggregated, v1 the verifier of both, its clean
+  // verdicts sealed and revealed with the solvers' secrets; steps until a's check is done.
+  void SettleBothClean(int a, int b) {
+    CommitAll({{a, false}, {b, false}});
+    Aggregate();
+    Sealed clean_a = Clean(), clean_b = Clean();
+    StepOk({SealTx(v1_, a, clean_a), SealTx(v1_, b, clean_b)});
+    StepUntil(a, CheckStage::kCheckRevealVerdicts);
+    StepOk({RevealTx(v1_, a, clean_a), RevealTx(v1_, b, clean_b), SecretTx(a), SecretTx(b)});
+    StepUntilDone(a);
+  }
   Sealed Clean() { return Sealed{Verdict::kVerdictClean, Blake2b("salt " + std::to_string(++salt_)), {}}; }
   Sealed Mismatch(uint32_t index, uint32_t segment, bool solver_lazy, const Hash256& replayed) {
     return Sealed{Verdict::kVerdictMismatch, Blake2b("salt " + std::to_string(++salt_)),
@@ -3106,13 +3117,7 @@ TEST_F(VerificationTest, AWhistleblowerCatchesALazySolverThatStaysSilent) {
 TEST_F(VerificationTest, ASolverSilentInAWhistleblowersDisputeCostsItsVerifierNothing) {
   Start();
   const int a = UnitOf(s1_), b = UnitOf(s2_);
-  CommitAll({{a, false}, {b, false}});
-  Aggregate();
-  Sealed clean_a = Clean(), clean_b = Clean();
-  StepOk({SealTx(v1_, a, clean_a), SealTx(v1_, b, clean_b)});
-  StepUntil(a, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, a, clean_a), RevealTx(v1_, b, clean_b), SecretTx(a), SecretTx(b)});
-  StepUntilDone(a);
+  SettleBothClean(a, b);
   ASSERT_EQ(Check(a).result(), CheckResult::kCheckClean);
   MismatchClaimField lie = ClaimOf(Leaves(a, false), 0, Blake2b("a replay that never happened"));
   StepOk({N(wb_, ChallengeUnitTx{.task_id = task_id_, .index = static_cast<uint32_t>(a),
@@ -3498,13 +3503,7 @@ TEST_F(StakeHoldTest, AWhistleblowerCannotWithdrawWhileItsChallengeRunsAndIsSlas
   ASSERT_GE(b, 0);
   const uint32_t ua = static_cast<uint32_t>(a);
   const Totals start = chain_->GetTotals();
-  CommitAll({{a, false}, {b, false}});
-  Aggregate();
-  Sealed clean_a = Clean(), clean_b = Clean();
-  StepOk({SealTx(v1_, a, clean_a), SealTx(v1_, b, clean_b)});
-  StepUntil(a, CheckStage::kCheckRevealVerdicts);
-  StepOk({RevealTx(v1_, a, clean_a), RevealTx(v1_, b, clean_b), SecretTx(a), SecretTx(b)});
-  StepUntilDone(a);
+  SettleBothClean(a, b);
   ASSERT_EQ(Check(a).result(), CheckResult::kCheckClean);
   const Amount part = kStake - genesis_.params.min_stake_whistleblower;
   StepOk({N(other, UnstakeTx{.node_id = other.public_key(), .amount = part})});
